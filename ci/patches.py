@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Apply and export the ``ggml-patches/`` series against the pinned upstream llama.cpp.
+
+Workflow (patches are edited as real code, then regenerated):
+
+    python3 ci/patches.py apply            # fresh copy of the pinned tree in work/llama.cpp, series applied as commits
+    cd work/llama.cpp && $EDITOR ... && git commit --fixup/--amend or git rebase -i upstream-base
+    python3 ci/patches.py export           # rewrite ggml-patches/ from the commits upstream-base..HEAD
+    python3 ci/patches.py check            # apply -> export in a temp dir must reproduce ggml-patches/ byte for byte
+
+``apply`` never touches the cache: it extracts a fresh copy of the cached upstream tarball, commits it as a
+deterministic base commit tagged ``upstream-base`` and runs ``git am`` on each patch in order. A patch that
+does not apply stops everything with the patch's name and git's reason. The series may be empty.
+
+``export`` uses ``git format-patch`` with settings that make the output depend only on the commits'
+content, author and message (zeroed ``From`` hashes, no signature, fixed abbreviation), so that
+apply → export is byte-identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import upstream  # noqa: E402
+
+REPO_ROOT = upstream.REPO_ROOT
+PATCH_DIR = REPO_ROOT / "ggml-patches"
+DEFAULT_WORKTREE = REPO_ROOT / "work" / "llama.cpp"
+BASE_TAG = "upstream-base"
+
+# A fixed identity and date for the base commit make its hash a pure function of the upstream tree.
+_BASE_ENV = {
+    "GIT_AUTHOR_NAME": "llama.cpp upstream", "GIT_AUTHOR_EMAIL": "upstream@llama.cpp.invalid",
+    "GIT_COMMITTER_NAME": "llama.cpp upstream", "GIT_COMMITTER_EMAIL": "upstream@llama.cpp.invalid",
+    "GIT_AUTHOR_DATE": "2026-10-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-10-01T00:00:00Z",
+}
+# Options that make format-patch output independent of commit hashes, git config and terminal.
+_FORMAT_PATCH_OPTS = ["--zero-commit", "--no-signature", "--no-cover-letter", "--no-binary",
+                      "--abbrev=12", "--stat=80", "--no-color", "--no-renames", "--encode-email-headers"]
+_GIT_CONFIG = ["-c", "core.abbrev=12", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
+               "-c", "format.signature=", "-c", "core.autocrlf=false", "-c", "user.useConfigOnly=false"]
+
+
+class PatchError(RuntimeError):
+    """A user-facing failure, printed as a clear message."""
+
+
+def git(repo: Path, *args: str, env: dict | None = None, check: bool = True,
+        capture: bool = True) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    full_env.setdefault("GIT_COMMITTER_NAME", "s3d8 developer")
+    full_env.setdefault("GIT_COMMITTER_EMAIL", "dev@s3d8.invalid")
+    if env:
+        full_env.update(env)
+    return subprocess.run(["git", *_GIT_CONFIG, "-C", str(repo), *args], check=check, text=True, env=full_env,
+                          stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None)
+
+
+def series(patch_dir: Path = PATCH_DIR) -> list[Path]:
+    """The patches in application order (their file names sort in order: 0001-..., 0002-...)."""
+    return sorted(patch_dir.glob("*.patch"))
+
+
+def has_unexported_work(tree: Path) -> str | None:
+    """Describe uncommitted changes in ``tree`` (which apply would destroy), or None."""
+    if not (tree / ".git").exists():
+        return None
+    status = git(tree, "status", "--porcelain", "--untracked-files=normal").stdout.strip()
+    return status or None
+
+
+def apply(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR, force: bool = False,
+          commit: str = upstream.PINNED_COMMIT) -> Path:
+    """Create ``tree`` as a fresh patched copy of the pinned upstream tree."""
+    if tree.exists():
+        dirty = has_unexported_work(tree)
+        if dirty and not force:
+            raise PatchError(f"{tree} has uncommitted changes; export or commit them, or pass --force to discard:\n"
+                             + dirty)
+        shutil.rmtree(tree)
+    upstream.extract_tree(commit, tree)
+    git(tree, "init", "-q", "-b", "main")
+    git(tree, "add", "-A", "-f")
+    git(tree, "commit", "-q", "--no-verify", "--no-gpg-sign", "-m", f"upstream llama.cpp {commit}", env=_BASE_ENV)
+    git(tree, "tag", BASE_TAG)
+    for p in series(patch_dir):
+        r = git(tree, "am", "--keep-cr", "--committer-date-is-author-date", "--no-gpg-sign", str(p), check=False)
+        if r.returncode != 0:
+            # keep git's diagnosis, drop its advice about `git am --continue` (we abort the session)
+            detail = "\n".join(ln for ln in (r.stdout + r.stderr).splitlines()
+                                if ln.startswith(("error:", "warning:", "fatal:")))
+            git(tree, "am", "--abort", check=False)
+            raise PatchError(f"patch {p.name} does not apply cleanly to llama.cpp {commit[:12]}:\n{detail}")
+    return tree
+
+
+def export(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR) -> list[Path]:
+    """Rewrite ``patch_dir`` from the commits ``upstream-base..HEAD`` of ``tree``."""
+    if not (tree / ".git").exists():
+        raise PatchError(f"{tree} is not a patched working tree (run `ci/patches.py apply` first)")
+    dirty = has_unexported_work(tree)
+    if dirty:
+        raise PatchError(f"{tree} has uncommitted changes; commit them first (they would not be exported):\n{dirty}")
+    merges = git(tree, "rev-list", "--merges", f"{BASE_TAG}..HEAD").stdout.strip()
+    if merges:
+        raise PatchError("the series must be linear; found merge commits:\n" + merges)
+    patch_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=patch_dir.parent) as tmp:
+        git(tree, "format-patch", *_FORMAT_PATCH_OPTS, "-o", tmp, f"{BASE_TAG}..HEAD")
+        new = sorted(Path(tmp).glob("*.patch"))
+        for old in series(patch_dir):
+            old.unlink()
+        out = []
+        for p in new:
+            dest = patch_dir / p.name
+            shutil.move(str(p), dest)
+            out.append(dest)
+    return out
+
+
+def check(patch_dir: Path = PATCH_DIR) -> None:
+    """apply → export into a temp dir must reproduce ``patch_dir`` byte for byte."""
+    with tempfile.TemporaryDirectory(dir=upstream.cache_root()) as tmp:
+        tree = apply(Path(tmp) / "llama.cpp", patch_dir)
+        again = Path(tmp) / "exported"
+        export(tree, again)
+        a = [p.name for p in series(patch_dir)]
+        b = [p.name for p in series(again)]
+        if a != b:
+            raise PatchError(f"round trip changed the series' file names:\n  {a}\n  {b}")
+        for name in a:
+            if not filecmp.cmp(patch_dir / name, again / name, shallow=False):
+                raise PatchError(f"round trip changed {name}: run `ci/patches.py export` and commit the result")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--patches", type=Path, default=PATCH_DIR, help="patch series folder (default: ggml-patches/)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("apply", help="fresh copy of the pinned tree with the series applied as commits")
+    a.add_argument("--tree", type=Path, default=DEFAULT_WORKTREE, help="where (default: work/llama.cpp)")
+    a.add_argument("--force", action="store_true", help="discard uncommitted changes in an existing tree")
+    a.add_argument("--commit", default=upstream.PINNED_COMMIT,
+                   help="upstream commit to apply to (must be fetched with ci/upstream.py first)")
+    e = sub.add_parser("export", help="regenerate the series from upstream-base..HEAD of a patched tree")
+    e.add_argument("--tree", type=Path, default=DEFAULT_WORKTREE)
+    sub.add_parser("check", help="verify apply → export reproduces the series byte for byte")
+    sub.add_parser("list", help="list the series in order")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "apply":
+            if args.commit == upstream.PINNED_COMMIT:
+                upstream.fetch()
+            tree = apply(args.tree, args.patches, args.force, args.commit)
+            print(f"patches: applied {len(series(args.patches))} patch(es) onto {args.commit[:12]} in {tree}")
+        elif args.cmd == "export":
+            out = export(args.tree, args.patches)
+            print(f"patches: exported {len(out)} patch(es) to {args.patches}")
+        elif args.cmd == "check":
+            upstream.fetch()
+            check(args.patches)
+            print(f"patches: round trip of {len(series(args.patches))} patch(es) is byte-identical")
+        else:
+            for p in series(args.patches):
+                print(p.name)
+    except (PatchError, upstream.UpstreamError) as e:
+        print(f"patches: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+// Checks that a build really compiled in the SIMD paths it was configured for (and none it must not have).
+// The aarch64 CI builds run this under qemu-aarch64: a dotprod-only build that silently gained i8mm, or an
+// i8mm build that silently lost it, would make the kernel tests prove less than they claim.
+//
+// usage: test-cpu-features --expect=dotprod,i8mm --forbid=sve
+#include "ggml-cpu.h"
+
+#include <stdio.h>
+#include <string.h>
+
+struct feature {
+    const char * name;
+    int (*has)(void);
+};
+
+static const struct feature features[] = {
+    { "neon",     ggml_cpu_has_neon        },
+    { "dotprod",  ggml_cpu_has_dotprod     },
+    { "i8mm",     ggml_cpu_has_matmul_int8 },
+    { "sve",      ggml_cpu_has_sve         },
+    { "sme",      ggml_cpu_has_sme         },
+    { "fp16_va",  ggml_cpu_has_fp16_va     },
+    { "avx2",     ggml_cpu_has_avx2        },
+    { "avx512",   ggml_cpu_has_avx512      },
+    { "avx512_vbmi", ggml_cpu_has_avx512_vbmi },
+    { "avx512_vnni", ggml_cpu_has_avx512_vnni },
+    { "avx_vnni", ggml_cpu_has_avx_vnni    },
+};
+
+static const struct feature * find(const char * name, size_t len) {
+    for (size_t i = 0; i < sizeof(features)/sizeof(features[0]); ++i) {
+        if (strlen(features[i].name) == len && strncmp(features[i].name, name, len) == 0) {
+            return &features[i];
+        }
+    }
+    return NULL;
+}
+
+// returns the number of failures for a comma-separated list
+static int check_list(const char * list, int want) {
+    int failures = 0;
+    while (list && *list) {
+        const char * end = strchr(list, ',');
+        size_t len = end ? (size_t)(end - list) : strlen(list);
+        if (len > 0) {
+            const struct feature * f = find(list, len);
+            if (!f) {
+                fprintf(stderr, "unknown feature '%.*s'\n", (int) len, list);
+                failures++;
+            } else if (f->has() != want) {
+                fprintf(stderr, "FAIL: feature %s is %s, expected %s\n", f->name,
+                        f->has() ? "present" : "absent", want ? "present" : "absent");
+                failures++;
+            }
+        }
+        list = end ? end + 1 : NULL;
+    }
+    return failures;
+}
+
+int main(int argc, char ** argv) {
+    const char * expect = "";
+    const char * forbid = "";
+    for (int i = 1; i < argc; ++i) {
+        if (strncmp(argv[i], "--expect=", 9) == 0) {
+            expect = argv[i] + 9;
+        } else if (strncmp(argv[i], "--forbid=", 9) == 0) {
+            forbid = argv[i] + 9;
+        } else {
+            fprintf(stderr, "usage: %s [--expect=a,b] [--forbid=c,d]\n", argv[0]);
+            return 2;
+        }
+    }
+    printf("compiled-in CPU features:");
+    for (size_t i = 0; i < sizeof(features)/sizeof(features[0]); ++i) {
+        if (features[i].has()) {
+            printf(" %s", features[i].name);
+        }
+    }
+    printf("\n");
+    const int failures = check_list(expect, 1) + check_list(forbid, 0);
+    printf("%s\n", failures ? "FAILED" : "OK");
+    return failures ? 1 : 0;
+}
