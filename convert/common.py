@@ -1,0 +1,214 @@
+"""Architecture-independent half of the converter: plan, write atomically, report.
+
+A *model source* (``convert/llama.py`` for HF Llama checkpoints, ``convert/gguf_source.py`` for an
+existing GGUF, later ``convert/mllama.py``) describes its tensors as :class:`TensorJob` s (name, shape and
+a loader; nothing is read yet) and writes its own metadata. :func:`write_gguf` then
+
+1. picks every tensor's type from its name and shape alone (``tensor_types.choose_type``), so the whole
+   tensor table and the metadata are known before any weight is read;
+2. streams the tensors one at a time (load -> check finite -> encode -> append), so memory stays at
+   about one tensor even for an 11B model;
+3. writes into a temporary file next to the output and ``os.replace`` s it into place only after the
+   last byte is written and synced. Any failure - a NaN weight, a codec error, Ctrl-C, SIGTERM - removes
+   the temporary file, so a failed run leaves nothing behind and never clobbers an existing output.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+
+from .errors import ConvertError
+from .tensor_types import (S3D8Options, TypeChoice, byte_shape, choose_type, encode, encoded_dtype,
+                           encoded_nbytes, is_quantisable_weight)
+
+
+@dataclass(frozen=True)
+class TensorJob:
+    """One output tensor: GGUF name, numpy-order shape (last axis = ggml ne0) and a float32 loader.
+
+    ``load`` must return exactly ``shape``, already transformed into llama.cpp's layout (e.g. the q/k
+    row permutation); ``source`` names the input tensor(s) for error messages.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    load: Callable[[], np.ndarray]
+    source: str
+
+
+@dataclass(frozen=True)
+class ConversionOptions:
+    """What the user asked for."""
+
+    out_type: str = "f16"
+    fallback_type: str = "q8_0"
+    s3d8: S3D8Options = S3D8Options()
+
+
+class ModelSource(Protocol):
+    """What a model-specific module provides to :func:`write_gguf`."""
+
+    #: gguf architecture name (``general.architecture``), e.g. ``"llama"``.
+    arch: str
+
+    def tensor_jobs(self) -> list[TensorJob]:
+        """All output tensors in file order (cheap: shapes only, nothing loaded)."""
+        ...
+
+    def add_metadata(self, writer: gguf.GGUFWriter, options: ConversionOptions) -> None:
+        """Add every KV pair. Called after all tensor infos are added (so parameter counts are known)."""
+        ...
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One line of the conversion report."""
+
+    name: str
+    shape: tuple[int, ...]
+    qtype: str
+    nbytes: int
+    reason: str | None
+
+
+@dataclass
+class ConversionReport:
+    """What was written: every tensor's type and the fallbacks with their reasons."""
+
+    outfile: Path
+    requested: str
+    rows: list[TensorRow] = field(default_factory=list)
+    file_bytes: int = 0
+
+    @property
+    def fallbacks(self) -> list[TensorRow]:
+        return [r for r in self.rows if r.reason is not None]
+
+    def type_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rows:
+            out[r.qtype] = out.get(r.qtype, 0) + 1
+        return out
+
+    def weight_bits_per_param(self) -> float:
+        """Bits per parameter over the quantisable weights only (norms etc. excluded)."""
+        rows = [r for r in self.rows if is_quantisable_weight(r.name, r.shape)]
+        n = sum(math.prod(r.shape) for r in rows)
+        return 8.0 * sum(r.nbytes for r in rows) / n if n else float("nan")
+
+    def format_table(self) -> str:
+        """Fallback table (tensor, shape, type written, reason) and a one-line summary."""
+        lines: list[str] = []
+        fb = self.fallbacks
+        if fb:
+            n_q = sum(1 for r in self.rows if is_quantisable_weight(r.name, r.shape))
+            lines.append(f"{len(fb)} of {n_q} weight matrices could not be written as {self.requested.upper()}:")
+            hdr = ("tensor", "shape (n x k)", "written as", "reason")
+            body = [(r.name, " x ".join(str(s) for s in r.shape), r.qtype, r.reason or "") for r in fb]
+            w = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(hdr)]
+            fmt = "  ".join(f"{{:<{x}}}" for x in w[:-1]) + "  {}"
+            lines.append(fmt.format(*hdr))
+            lines.append(fmt.format(*("-" * x for x in w)))
+            lines.extend(fmt.format(*b) for b in body)
+        else:
+            lines.append(f"no fallbacks: every weight matrix was written as {self.requested.upper()}")
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.type_counts().items()))
+        lines.append(f"wrote {self.outfile} ({self.file_bytes / 2**20:.1f} MiB; tensors by type: {counts}; "
+                     f"{self.weight_bits_per_param():.3f} bits/param over weight matrices)")
+        return "\n".join(lines)
+
+
+def _check_finite(name: str, source: str, data: np.ndarray) -> None:
+    if data.dtype.kind == "f" and not np.isfinite(data).all():
+        n_nan = int(np.isnan(data).sum())
+        n_inf = int(np.isinf(data).sum())
+        src = f" (from {source})" if source and source != name else ""
+        raise ConvertError(f"tensor {name}{src} contains non-finite values ({n_nan} NaN, {n_inf} inf); "
+                           "refusing to convert a broken checkpoint")
+
+
+def _progress(total: int, enabled: bool):  # -> tqdm-like
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="tensor", desc="Converting", disable=not enabled, file=sys.stderr,
+                dynamic_ncols=True, leave=False)
+
+
+def write_gguf(source: ModelSource, outfile: Path, options: ConversionOptions, *,
+               progress: bool = True, before_tensor: Callable[[int, TensorJob], None] | None = None
+               ) -> ConversionReport:
+    """Convert ``source`` into ``outfile`` atomically; returns the report.
+
+    ``before_tensor(i, job)`` is a hook called before tensor ``i`` is loaded (tests use it to inject a
+    failure mid-way).
+    """
+    jobs = source.tensor_jobs()
+    names = [j.name for j in jobs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ConvertError(f"duplicate output tensor names: {', '.join(dup)}")
+
+    choices: list[TypeChoice] = [choose_type(j.name, j.shape, options.out_type, options.fallback_type) for j in jobs]
+    writer = gguf.GGUFWriter(path=None, arch=source.arch)
+    report = ConversionReport(outfile=outfile, requested=options.out_type)
+    for job, ch in zip(jobs, choices):
+        nbytes = encoded_nbytes(job.shape, ch.qtype)
+        raw = None if ch.qtype in (QT.F32, QT.F16) else ch.qtype
+        writer.add_tensor_info(job.name, byte_shape(job.shape, ch.qtype), encoded_dtype(ch.qtype), nbytes, raw_dtype=raw)
+        report.rows.append(TensorRow(job.name, job.shape, ch.qtype.name, nbytes, ch.reason))
+    source.add_metadata(writer, options)
+
+    outfile = Path(outfile)
+    out_dir = outfile.parent if str(outfile.parent) else Path(".")
+    if not out_dir.is_dir():
+        raise ConvertError(f"output directory {out_dir} does not exist")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{outfile.name}.", suffix=".partial", dir=out_dir)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    bar = None
+    try:
+        writer.write_header_to_file(path=tmp)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        bar = _progress(len(jobs), progress)
+        for i, (job, ch) in enumerate(zip(jobs, choices)):
+            if before_tensor is not None:
+                before_tensor(i, job)
+            bar.set_postfix_str(job.name, refresh=False)
+            data = job.load()
+            if tuple(data.shape) != tuple(job.shape):
+                raise ConvertError(f"tensor {job.name}: loaded shape {tuple(data.shape)} != declared {job.shape}")
+            _check_finite(job.name, job.source, data)
+            enc = encode(data, ch.qtype, name=job.name, s3d8=options.s3d8)
+            if enc.nbytes != report.rows[i].nbytes:
+                raise RuntimeError(f"tensor {job.name}: encoder produced {enc.nbytes} bytes, planned {report.rows[i].nbytes}")
+            writer.write_tensor_data(enc)
+            del data, enc
+            bar.update(1)
+        bar.close()
+        bar = None
+        assert writer.fout is not None
+        writer.flush()
+        for f in writer.fout:
+            os.fsync(f.fileno())
+        writer.close()
+        os.replace(tmp, outfile)
+    except BaseException:
+        if bar is not None:
+            bar.close()
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    report.file_bytes = outfile.stat().st_size
+    return report

@@ -1,0 +1,168 @@
+"""Which ggml type each tensor gets, why, and the exact encodings.
+
+Rules (the same as upstream's ``convert_hf_to_gguf.py`` for the types it shares, so an f16/bf16/q8_0
+conversion is byte-identical to upstream's):
+
+* 1-D tensors, ``*_norm.weight`` and tensors that are not ``.weight`` (biases, generated
+  ``rope_freqs``) are always F32.
+* Every other weight (2-D matrices: attention q/k/v/o, ffn gate/up/down, token_embd, output; 3-D expert
+  stacks) gets the requested ``--type``.
+* A matrix the requested type cannot hold gets a fallback, with the reason recorded:
+  S3D8 needs ``k % 128 == 0`` and enough slack for its header (``gguf_s3d8.s3d8_ineligibility``) and
+  falls back to ``--fallback-type`` (Q8_0 by default); Q8_0 needs ``k % 32 == 0`` and falls back to F16
+  (what upstream does on ``QuantError``).
+
+Encodings: F32/F16 are numpy casts, BF16 and Q8_0 go through ``gguf.quants.quantize`` (bit-exact with
+ggml's reference code), S3D8 through the project's codec ``gguf_s3d8`` (imported only when needed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Callable, Final, Sequence
+
+import numpy as np
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+
+from .errors import ConvertError
+
+#: Output types a user can ask for with ``--type``.
+OUT_TYPES: Final[tuple[str, ...]] = ("f32", "f16", "bf16", "q8_0", "s3d8")
+#: Types usable as ``--fallback-type`` (any type that holds every shape, or falls back itself).
+FALLBACK_TYPES: Final[tuple[str, ...]] = ("f32", "f16", "bf16", "q8_0")
+
+#: The ``general.file_type`` value written for each ``--type``.
+_FILE_TYPES: Final[dict[str, int]] = {
+    "f32": int(gguf.LlamaFileType.ALL_F32),
+    "f16": int(gguf.LlamaFileType.MOSTLY_F16),
+    "bf16": int(gguf.LlamaFileType.MOSTLY_BF16),
+    "q8_0": int(gguf.LlamaFileType.MOSTLY_Q8_0),
+}
+
+def s3d8_codec() -> ModuleType:
+    """Import the S3D8 codec (which registers the type with gguf-py) or explain why it is unavailable."""
+    try:
+        import gguf_s3d8  # noqa: F401  (import registers GGMLQuantizationType.S3D8)
+    except ImportError as e:
+        raise ConvertError(f"--type s3d8 needs the project's codec package gguf_s3d8, which failed to import: {e}") from e
+    if not hasattr(QT, "S3D8"):
+        raise ConvertError("gguf_s3d8 did not register GGMLQuantizationType.S3D8 with the gguf package")
+    return gguf_s3d8
+
+
+def qtype_of(type_name: str) -> QT:
+    """The ggml type for a ``--type`` / ``--fallback-type`` name."""
+    if type_name == "s3d8":
+        s3d8_codec()
+        return QT.S3D8
+    return {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0}[type_name]
+
+
+def file_type_of(type_name: str) -> int:
+    """``general.file_type`` for a requested ``--type`` (the type of most big matrices)."""
+    if type_name == "s3d8":
+        codec = s3d8_codec()
+        for where in (getattr(codec, "LLAMA_FTYPE_MOSTLY_S3D8", None), getattr(gguf.LlamaFileType, "MOSTLY_S3D8", None)):
+            if where is not None:
+                return int(where)
+        # No ftype registered: llama.cpp only uses general.file_type for the model description, so
+        # write GUESSED ("not specified in the model file") rather than inventing a number.
+        return int(gguf.LlamaFileType.GUESSED)
+    return _FILE_TYPES[type_name]
+
+
+@dataclass(frozen=True)
+class TypeChoice:
+    """The type a tensor is written with; ``reason`` is set when it is a fallback."""
+
+    qtype: QT
+    reason: str | None = None
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.reason is not None
+
+
+def is_quantisable_weight(gguf_name: str, shape: Sequence[int]) -> bool:
+    """True for the tensors ``--type`` applies to (matrices and expert stacks named ``*.weight``)."""
+    return len(shape) >= 2 and gguf_name.endswith(".weight") and not gguf_name.endswith("_norm.weight")
+
+
+def _q8_0_reason(k: int) -> str | None:
+    return None if k % 32 == 0 else f"k={k} is not a multiple of 32 (Q8_0 block)"
+
+
+def choose_type(gguf_name: str, shape: Sequence[int], requested: str, fallback: str = "q8_0") -> TypeChoice:
+    """Pick the output type of one tensor (numpy shape, last axis = k = ggml ne0).
+
+    Never raises for shape reasons: an ineligible matrix gets the fallback and the reason why.
+    """
+    if not is_quantisable_weight(gguf_name, shape):
+        return TypeChoice(QT.F32)
+    k = int(shape[-1])
+    n = int(shape[-2])
+    if requested == "s3d8":
+        codec = s3d8_codec()
+        why = codec.s3d8_ineligibility(n, k)
+        if why is None:
+            return TypeChoice(qtype_of("s3d8"))
+        if fallback == "q8_0" and (q8 := _q8_0_reason(k)) is not None:
+            return TypeChoice(QT.F16, f"S3D8: {why}; Q8_0: {q8}")
+        return TypeChoice(qtype_of(fallback), f"S3D8: {why}")
+    if requested == "q8_0":
+        q8 = _q8_0_reason(k)
+        return TypeChoice(QT.Q8_0) if q8 is None else TypeChoice(QT.F16, f"Q8_0: {q8}")
+    return TypeChoice(qtype_of(requested))
+
+
+def byte_shape(shape: Sequence[int], qtype: QT) -> tuple[int, ...]:
+    """Shape of the encoded array (uint8 for block types), as ``GGUFWriter.add_tensor_info`` expects."""
+    if qtype in (QT.F32, QT.F16):
+        return tuple(int(s) for s in shape)
+    return gguf.quant_shape_to_byte_shape(tuple(int(s) for s in shape), qtype)
+
+
+def encoded_nbytes(shape: Sequence[int], qtype: QT) -> int:
+    """Bytes the tensor occupies in the file (before alignment padding)."""
+    bs = byte_shape(shape, qtype)
+    itemsize = {QT.F32: 4, QT.F16: 2}.get(qtype, 1)
+    return math.prod(bs) * itemsize
+
+
+def encoded_dtype(qtype: QT) -> np.dtype:
+    return {QT.F32: np.dtype(np.float32), QT.F16: np.dtype(np.float16)}.get(qtype, np.dtype(np.uint8))
+
+
+@dataclass(frozen=True)
+class S3D8Options:
+    """Codec options for ``--type s3d8`` (None = the codec's default)."""
+
+    centroid_rule: str | None = None
+    seed: int = 0
+
+
+def encode(data: np.ndarray, qtype: QT, *, name: str = "", s3d8: S3D8Options = S3D8Options()) -> np.ndarray:
+    """Encode a float32 tensor as ``qtype`` (the array handed to the GGUF writer)."""
+    if qtype == QT.F32:
+        return np.ascontiguousarray(data, dtype=np.float32)
+    if qtype in (QT.F16, QT.BF16, QT.Q8_0):
+        return gguf.quants.quantize(np.ascontiguousarray(data, dtype=np.float32), qtype)
+    if hasattr(QT, "S3D8") and qtype == QT.S3D8:
+        codec = s3d8_codec()
+        kwargs: dict[str, object] = {"name": name, "seed": s3d8.seed}
+        if s3d8.centroid_rule is not None:
+            kwargs["centroid_rule"] = s3d8.centroid_rule
+        quantise: Callable[..., np.ndarray] = codec.quantize_s3d8
+        w = np.ascontiguousarray(data, dtype=np.float32)
+        try:
+            if w.ndim == 2:
+                return quantise(w, **kwargs)
+            # 3-D expert stacks: one self-describing container (and codebook) per 2-D slice
+            return np.stack([quantise(w[e], **{**kwargs, "name": f"{name}[{e}]"}) for e in range(w.shape[0])])
+        except codec.S3D8FormatError as e:
+            raise ConvertError(f"tensor {name}: S3D8 encoding failed: {e}") from e
+    raise ConvertError(f"tensor {name}: no encoder for ggml type {qtype.name}")

@@ -1,0 +1,196 @@
+"""Convert a Llama-family text model to GGUF, optionally with S3D8 weight matrices.
+
+Usable as ``s3d8-convert``, ``python -m convert.to_gguf`` or ``python convert/to_gguf.py``.
+Run with ``--help`` for the options. Exit status: 0 success, 2 bad input or options (one-line message;
+``--debug`` shows the traceback), 130/143 interrupted. A failed or interrupted run writes nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __name__ == "__main__" and not __package__:
+    # Run as a script: make the repository importable (and do not let this folder shadow anything),
+    # then hand over to the package module so relative imports work.
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path.insert(0, str(_here.parent))
+    from convert.to_gguf import main as _main
+
+    raise SystemExit(_main())
+
+import argparse
+import json
+import signal
+import traceback
+from typing import Sequence
+
+from .common import ConversionOptions, ConversionReport, ModelSource, write_gguf
+from .errors import ConvertError
+from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8Options
+
+_GGUF_MAGIC = b"GGUF"
+
+_DESCRIPTION = """\
+Convert a Llama-family text model to GGUF.
+
+MODEL is either an HF checkpoint directory (config.json with architectures
+["LlamaForCausalLM"], *.safetensors, tokenizer.json/tokenizer_config.json) or
+an existing .gguf file (general.architecture llama), whose tensors are
+dequantised and re-encoded; its metadata is kept.
+
+The big matrices (attention q/k/v/o, ffn gate/up/down, token_embd, output) get
+--type; 1-D tensors (norms, biases) stay F32. Matrices the requested type cannot
+hold get --fallback-type (S3D8: k must be a multiple of 128 and the matrix large
+enough for its 128-byte header and scales; Q8_0: k a multiple of 32, else F16),
+and every fallback is listed with its reason at the end.
+
+The output is written to a temporary file next to OUTFILE and renamed into place
+when complete: an error or interruption leaves no partial file behind.
+"""
+
+_EPILOG = """\
+examples:
+  %(prog)s path/to/SmolLM2-hf --type f16 -o smollm2-f16.gguf
+  %(prog)s path/to/Llama-3.2-1B --type s3d8 --centroid-rule round -o llama-s3d8.gguf
+  %(prog)s SmolLM2-135M-Instruct.Q4_1.gguf --type q8_0 -o smollm2-q8_0.gguf
+
+exit status: 0 ok, 2 bad input/options, 130 interrupted (143 on SIGTERM)
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="s3d8-convert", description=_DESCRIPTION, epilog=_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", type=Path, metavar="MODEL", help="HF checkpoint directory or .gguf file")
+    p.add_argument("-o", "--outfile", type=Path, metavar="OUTFILE",
+                   help="output .gguf path (default: ./<model name>-<TYPE>.gguf)")
+    p.add_argument("--type", dest="out_type", choices=OUT_TYPES, default="f16",
+                   help="type of the big weight matrices (default: %(default)s)")
+    p.add_argument("--fallback-type", choices=FALLBACK_TYPES, default="q8_0",
+                   help="type for matrices --type cannot hold (default: %(default)s; "
+                        "Q8_0 itself falls back to F16 when k %% 32 != 0)")
+    p.add_argument("--centroid-rule", choices=("round", "trunc"), default=None,
+                   help="S3D8 codebook centroids: rounded or truncated to integers "
+                        "(default: the codec's DEFAULT_CENTROID_RULE)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the S3D8 codebook fit; same seed, same file (default: %(default)s)")
+    p.add_argument("--tokenizer-pre", metavar="NAME", default=None,
+                   help="llama.cpp pre-tokenizer name (tokenizer.ggml.pre) when it cannot be detected, "
+                        "e.g. llama-bpe or smollm")
+    p.add_argument("--report-json", type=Path, metavar="PATH", default=None,
+                   help="also write the per-tensor report (name, shape, type, bytes, fallback reason) as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    return p
+
+
+def open_source(model: Path, *, tokenizer_pre: str | None = None) -> ModelSource:
+    """The model source for an HF directory or a GGUF file (raises ConvertError for unusable input)."""
+    if not model.exists():
+        raise ConvertError(f"{model}: no such file or directory")
+    if model.is_file():
+        with open(model, "rb") as f:
+            magic = f.read(4)
+        if magic != _GGUF_MAGIC:
+            raise ConvertError(f"{model}: not a GGUF file (expected an HF checkpoint directory or a .gguf file)")
+        from .gguf_source import GgufSource
+
+        return GgufSource(model)
+    cfg_path = model / "config.json"
+    if not cfg_path.is_file():
+        raise ConvertError(f"{model}: config.json is missing (not an HF checkpoint directory)")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ConvertError(f"{cfg_path}: not valid JSON ({e})") from e
+    archs = cfg.get("architectures") if isinstance(cfg, dict) else None
+    if not archs or not isinstance(archs, list):
+        raise ConvertError(f"{cfg_path}: no 'architectures' entry; cannot tell which model this is")
+    from .registry import hf_factories
+
+    factories = hf_factories()
+    factory = factories.get(archs[0])
+    if factory is None:
+        raise ConvertError(f"{cfg_path}: unsupported architecture {archs[0]!r} "
+                           f"(supported: {', '.join(sorted(factories))})")
+    return factory(model, tokenizer_pre=tokenizer_pre)
+
+
+def default_outfile(model: Path, out_type: str) -> Path:
+    stem = model.stem if model.is_file() else model.resolve().name
+    return Path.cwd() / f"{stem}-{out_type.upper()}.gguf"
+
+
+def convert(model: Path, outfile: Path, options: ConversionOptions, *, tokenizer_pre: str | None = None,
+            progress: bool = True) -> ConversionReport:
+    """Library entry point: convert ``model`` to ``outfile`` (atomically) and return the report."""
+    if options.out_type == "s3d8" or options.fallback_type == "s3d8":
+        from .tensor_types import s3d8_codec
+
+        s3d8_codec()  # fail early, before any work, if the codec is missing
+    if outfile.exists() and outfile.is_dir():
+        raise ConvertError(f"{outfile}: is a directory; give a file name with --outfile")
+    source = open_source(model, tokenizer_pre=tokenizer_pre)
+    return write_gguf(source, outfile, options, progress=progress)
+
+
+def _write_report_json(report: ConversionReport, path: Path) -> None:
+    rows = [{"name": r.name, "shape": list(r.shape), "type": r.qtype, "nbytes": r.nbytes, "fallback_reason": r.reason}
+            for r in report.rows]
+    path.write_text(json.dumps({"outfile": str(report.outfile), "requested": report.requested,
+                                "file_bytes": report.file_bytes, "tensors": rows}, indent=1) + "\n")
+
+
+class _Terminated(SystemExit):
+    """SIGTERM, raised in the main thread so the temporary output is cleaned up like on Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated(143)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    options = ConversionOptions(out_type=args.out_type, fallback_type=args.fallback_type,
+                                s3d8=S3D8Options(centroid_rule=args.centroid_rule, seed=args.seed))
+    outfile: Path = args.outfile if args.outfile is not None else default_outfile(args.model, args.out_type)
+    old = signal.signal(signal.SIGTERM, _on_sigterm) if _in_main_thread() else None
+    try:
+        report = convert(args.model, outfile, options, tokenizer_pre=args.tokenizer_pre,
+                         progress=not args.no_progress)
+        print(report.format_table())
+        if args.report_json is not None:
+            _write_report_json(report, args.report_json)
+        return 0
+    except ConvertError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # unreadable input, unwritable output directory, disk full, ...
+        if args.debug:
+            traceback.print_exc()
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: no output written", file=sys.stderr)
+        return 130
+    except _Terminated:
+        print("terminated: no output written", file=sys.stderr)
+        return 143
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
