@@ -54,32 +54,48 @@ def llama3_rope_factors(rope: dict[str, Any], head_dim: int) -> np.ndarray:
 
     Frequencies with wavelength below ``original_max_position_embeddings / high_freq_factor`` are kept
     (factor 1), those above ``.../low_freq_factor`` are divided by ``factor``, and the band in between is
-    interpolated smoothly. Computed in float64 and rounded once to float32.
+    interpolated smoothly. The arithmetic is float32 step by step, as in upstream's converter, so the
+    tensor is bit-identical to upstream's for power-of-two head sizes (the power is evaluated in float64
+    and rounded once; torch's float32 pow can differ from that by one ulp for other sizes).
     """
+    f32 = np.float32
     base = float(rope.get("rope_theta", 10000.0))
-    factor = float(rope.get("factor", 8.0))
+    factor = f32(rope.get("factor", 8.0))
     lo = float(rope.get("low_freq_factor", 1.0))
     hi = float(rope.get("high_freq_factor", 4.0))
     old_ctx = float(rope.get("original_max_position_embeddings", 8192))
-    inv_freq = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    wavelen = 2 * math.pi / inv_freq
-    smooth = (old_ctx / wavelen - lo) / (hi - lo)
-    out = np.where(wavelen < old_ctx / hi, 1.0,
-                   np.where(wavelen > old_ctx / lo, factor, 1.0 / ((1 - smooth) / factor + smooth)))
-    return out.astype(np.float32)
+    expo = np.arange(0, head_dim, 2, dtype=f32) / f32(head_dim)
+    inv_freq = f32(1.0) / (np.float64(base) ** expo.astype(np.float64)).astype(f32)
+    wavelen = f32(2 * math.pi) / inv_freq
+    smooth = (f32(old_ctx) / wavelen - f32(lo)) / f32(hi - lo)
+    mid = f32(1.0) / ((f32(1.0) - smooth) / factor + smooth)
+    out = np.where(wavelen < old_ctx / hi, f32(1.0), np.where(wavelen > old_ctx / lo, factor, mid))
+    return out.astype(f32)
 
 
 def _load_config(model_dir: Path) -> dict[str, Any]:
+    """config.json as transformers normalises it (like upstream: defaults such as ``head_dim`` filled in,
+    legacy ``rope_scaling``/``rope_theta`` folded into ``rope_parameters``); the raw JSON if transformers
+    cannot parse it. Never runs remote code."""
     path = model_dir / "config.json"
     if not path.is_file():
         raise ConvertError(f"{model_dir}: config.json is missing")
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise ConvertError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(cfg, dict):
+    if not isinstance(raw, dict):
         raise ConvertError(f"{path}: expected a JSON object")
-    return cfg
+    try:
+        import warnings
+
+        from transformers import AutoConfig
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoConfig.from_pretrained(model_dir, trust_remote_code=False).to_dict()
+    except Exception:  # transformers raises assorted types for configs it does not know
+        return raw
 
 
 @dataclass(frozen=True)

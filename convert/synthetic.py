@@ -1,0 +1,76 @@
+"""Tiny random HF Llama checkpoints, for tests and demos of the converter.
+
+They reuse a real tokenizer (by default the SmolLM2 export's, see ``convert.assets``) so the vocabulary
+path is exercised for real; only the weights are random. Shapes are chosen by the caller, which makes it
+easy to build checkpoints with NaN weights, odd shapes or broken files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+def llama_tensors(*, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int,
+                  tied: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
+    """HF-named float32 weights of a LlamaForCausalLM (std 0.02, norms around 1)."""
+    rng = np.random.default_rng(seed)
+    hd = hidden // heads
+
+    def mat(n: int, k: int) -> np.ndarray:
+        return (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+
+    t: dict[str, np.ndarray] = {"model.embed_tokens.weight": mat(vocab, hidden),
+                                "model.norm.weight": (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)}
+    if not tied:
+        t["lm_head.weight"] = mat(vocab, hidden)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+        t[p + "post_attention_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+        t[p + "self_attn.q_proj.weight"] = mat(heads * hd, hidden)
+        t[p + "self_attn.k_proj.weight"] = mat(kv_heads * hd, hidden)
+        t[p + "self_attn.v_proj.weight"] = mat(kv_heads * hd, hidden)
+        t[p + "self_attn.o_proj.weight"] = mat(hidden, heads * hd)
+        t[p + "mlp.gate_proj.weight"] = mat(ffn, hidden)
+        t[p + "mlp.up_proj.weight"] = mat(ffn, hidden)
+        t[p + "mlp.down_proj.weight"] = mat(hidden, ffn)
+    return t
+
+
+def write_tiny_llama(out_dir: Path, tokenizer_dir: Path, *, hidden: int = 64, layers: int = 2, heads: int = 4,
+                     kv_heads: int = 2, ffn: int = 128, vocab: int = 49152, tied: bool = True, seed: int = 0,
+                     rope: dict[str, Any] | None = None, tensors: dict[str, np.ndarray] | None = None,
+                     config_overrides: dict[str, Any] | None = None) -> Path:
+    """Write config.json, model.safetensors and the tokenizer files of a tiny Llama into ``out_dir``.
+
+    ``tensors`` replaces the random weights (e.g. to plant a NaN); ``rope`` is the ``rope_parameters``
+    entry (default: plain RoPE, theta 10000).
+    """
+    from safetensors.numpy import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if tensors is None:
+        tensors = llama_tensors(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, ffn=ffn,
+                                vocab=vocab, tied=tied, seed=seed)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(out_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    cfg: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+        "intermediate_size": ffn, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "vocab_size": vocab, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 2048, "tie_word_embeddings": tied, "bos_token_id": 1, "eos_token_id": 2,
+        "rope_parameters": rope or {"rope_theta": 10000.0, "rope_type": "default"}, "dtype": "float32",
+    }
+    cfg.update(config_overrides or {})
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, out_dir / name)
+    return out_dir
