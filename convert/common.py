@@ -90,6 +90,7 @@ class ConversionReport:
     requested: str
     rows: list[TensorRow] = field(default_factory=list)
     file_bytes: int = 0
+    dry_run: bool = False
 
     @property
     def fallbacks(self) -> list[TensorRow]:
@@ -113,7 +114,8 @@ class ConversionReport:
         fb = self.fallbacks
         if fb:
             n_q = sum(1 for r in self.rows if is_quantisable_weight(r.name, r.shape))
-            lines.append(f"{len(fb)} of {n_q} weight matrices could not be written as {self.requested.upper()}:")
+            verb = "would not be" if self.dry_run else "could not be"
+            lines.append(f"{len(fb)} of {n_q} weight matrices {verb} written as {self.requested.upper()}:")
             hdr = ("tensor", "shape (n x k)", "written as", "reason")
             body = [(r.name, " x ".join(str(s) for s in r.shape), r.qtype, r.reason or "") for r in fb]
             w = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(hdr)]
@@ -124,8 +126,13 @@ class ConversionReport:
         else:
             lines.append(f"no fallbacks: every weight matrix was written as {self.requested.upper()}")
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.type_counts().items()))
-        lines.append(f"wrote {self.outfile} ({self.file_bytes / 2**20:.1f} MiB; tensors by type: {counts}; "
-                     f"{self.weight_bits_per_param():.3f} bits/param over weight matrices)")
+        if self.dry_run:
+            data = sum(r.nbytes for r in self.rows)
+            lines.append(f"dry run: would write {self.outfile} (tensor data {data / 2**20:.1f} MiB; tensors by type: "
+                         f"{counts}; {self.weight_bits_per_param():.3f} bits/param over weight matrices)")
+        else:
+            lines.append(f"wrote {self.outfile} ({self.file_bytes / 2**20:.1f} MiB; tensors by type: {counts}; "
+                         f"{self.weight_bits_per_param():.3f} bits/param over weight matrices)")
         return "\n".join(lines)
 
 
@@ -146,12 +153,13 @@ def _progress(total: int, enabled: bool):  # -> tqdm-like
 
 
 def write_gguf(source: ModelSource, outfile: Path, options: ConversionOptions, *,
-               progress: bool = True, before_tensor: Callable[[int, TensorJob], None] | None = None
-               ) -> ConversionReport:
+               progress: bool = True, dry_run: bool = False,
+               before_tensor: Callable[[int, TensorJob], None] | None = None) -> ConversionReport:
     """Convert ``source`` into ``outfile`` atomically; returns the report.
 
-    ``before_tensor(i, job)`` is a hook called before tensor ``i`` is loaded (tests use it to inject a
-    failure mid-way).
+    ``dry_run``: plan every tensor's type and build the metadata (which validates the tokenizer and
+    config), but read no weights and write nothing. ``before_tensor(i, job)`` is a hook called before
+    tensor ``i`` is loaded (tests use it to inject a failure mid-way).
     """
     jobs = source.tensor_jobs()
     names = [j.name for j in jobs]
@@ -168,6 +176,9 @@ def write_gguf(source: ModelSource, outfile: Path, options: ConversionOptions, *
         writer.add_tensor_info(job.name, byte_shape(job.shape, ch.qtype), encoded_dtype(ch.qtype), nbytes, raw_dtype=raw)
         report.rows.append(TensorRow(job.name, job.shape, ch.qtype.name, nbytes, ch.reason))
     source.add_metadata(writer, options)
+    if dry_run:
+        report.dry_run = True
+        return report
 
     outfile = Path(outfile)
     out_dir = outfile.parent if str(outfile.parent) else Path(".")

@@ -163,6 +163,6 @@ def encode(data: np.ndarray, qtype: QT, *, name: str = "", s3d8: S3D8Options = S
                 return quantise(w, **kwargs)
             # 3-D expert stacks: one self-describing container (and codebook) per 2-D slice
             return np.stack([quantise(w[e], **{**kwargs, "name": f"{name}[{e}]"}) for e in range(w.shape[0])])
-        except codec.S3D8FormatError as e:
+        except getattr(codec, "S3D8Error", codec.S3D8FormatError) as e:
             raise ConvertError(f"tensor {name}: S3D8 encoding failed: {e}") from e
     raise ConvertError(f"tensor {name}: no encoder for ggml type {qtype.name}")

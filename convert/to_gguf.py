@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "e.g. llama-bpe or smollm")
     p.add_argument("--report-json", type=Path, metavar="PATH", default=None,
                    help="also write the per-tensor report (name, shape, type, bytes, fallback reason) as JSON")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the input and print the type plan and fallback table; read no weights, write nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return p
@@ -124,7 +126,7 @@ def default_outfile(model: Path, out_type: str) -> Path:
 
 
 def convert(model: Path, outfile: Path, options: ConversionOptions, *, tokenizer_pre: str | None = None,
-            progress: bool = True) -> ConversionReport:
+            progress: bool = True, dry_run: bool = False) -> ConversionReport:
     """Library entry point: convert ``model`` to ``outfile`` (atomically) and return the report."""
     if options.out_type == "s3d8" or options.fallback_type == "s3d8":
         from .tensor_types import s3d8_codec
@@ -133,7 +135,7 @@ def convert(model: Path, outfile: Path, options: ConversionOptions, *, tokenizer
     if outfile.exists() and outfile.is_dir():
         raise ConvertError(f"{outfile}: is a directory; give a file name with --outfile")
     source = open_source(model, tokenizer_pre=tokenizer_pre)
-    return write_gguf(source, outfile, options, progress=progress)
+    return write_gguf(source, outfile, options, progress=progress, dry_run=dry_run)
 
 
 def _write_report_json(report: ConversionReport, path: Path) -> None:
@@ -159,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     old = signal.signal(signal.SIGTERM, _on_sigterm) if _in_main_thread() else None
     try:
         report = convert(args.model, outfile, options, tokenizer_pre=args.tokenizer_pre,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, dry_run=args.dry_run)
         print(report.format_table())
         if args.report_json is not None:
             _write_report_json(report, args.report_json)
