@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import hashlib
 import os
 import shutil
 import subprocess
@@ -77,6 +78,28 @@ def has_unexported_work(tree: Path) -> str | None:
     return status or None
 
 
+def series_digest(patch_dir: Path = PATCH_DIR) -> str:
+    """A digest of the series' file names and bytes: what a working tree was made from."""
+    h = hashlib.sha256()
+    for p in series(patch_dir):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _stamp_path(tree: Path) -> Path:
+    # kept beside the tree, not in it, so that it never shows up as an untracked file there
+    return tree.with_name(tree.name + ".applied")
+
+
+def make_base(tree: Path, commit: str = upstream.PINNED_COMMIT) -> None:
+    """A fresh git tree of the cached upstream ``commit`` with one deterministic commit tagged upstream-base."""
+    upstream.extract_tree(commit, tree)
+    git(tree, "init", "-q", "-b", "main")
+    git(tree, "add", "-A", "-f")
+    git(tree, "commit", "-q", "--no-verify", "--no-gpg-sign", "-m", f"upstream llama.cpp {commit}", env=_BASE_ENV)
+    git(tree, "tag", BASE_TAG)
+
+
 def apply(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR, force: bool = False,
           commit: str = upstream.PINNED_COMMIT) -> Path:
     """Create ``tree`` as a fresh patched copy of the pinned upstream tree."""
@@ -86,11 +109,7 @@ def apply(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR, force: boo
             raise PatchError(f"{tree} has uncommitted changes; export or commit them, or pass --force to discard:\n"
                              + dirty)
         shutil.rmtree(tree)
-    upstream.extract_tree(commit, tree)
-    git(tree, "init", "-q", "-b", "main")
-    git(tree, "add", "-A", "-f")
-    git(tree, "commit", "-q", "--no-verify", "--no-gpg-sign", "-m", f"upstream llama.cpp {commit}", env=_BASE_ENV)
-    git(tree, "tag", BASE_TAG)
+    make_base(tree, commit)
     for p in series(patch_dir):
         r = git(tree, "am", "--keep-cr", "--committer-date-is-author-date", "--no-gpg-sign", str(p), check=False)
         if r.returncode != 0:
@@ -99,7 +118,33 @@ def apply(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR, force: boo
                                 if ln.startswith(("error:", "warning:", "fatal:")))
             git(tree, "am", "--abort", check=False)
             raise PatchError(f"patch {p.name} does not apply cleanly to llama.cpp {commit[:12]}:\n{detail}")
+    head = git(tree, "rev-parse", "HEAD").stdout.strip()
+    _stamp_path(tree).write_text(f"{series_digest(patch_dir)} {head}\n")
     return tree
+
+
+def sync(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR) -> str:
+    """Make ``tree`` match the series, without ever destroying a developer's work.
+
+    Applies when the tree is missing, or when the series changed since the tree was made and the tree
+    holds nothing new (no uncommitted changes, HEAD still the commit ``apply`` produced). Otherwise it
+    keeps the tree and says so (the developer's edits are what they want built). Returns a one-line description of what happened.
+    """
+    if not tree.exists():
+        apply(tree, patch_dir)
+        return "applied"
+    stamp = _stamp_path(tree)
+    digest, _, head = stamp.read_text().partition(" ") if stamp.exists() else ("", "", "")
+    dirty = has_unexported_work(tree)
+    if digest == series_digest(patch_dir):
+        return "up to date, with uncommitted local changes" if dirty else "up to date"
+    current = git(tree, "rev-parse", "HEAD").stdout.strip() if (tree / ".git").exists() else ""
+    if dirty or current != head.strip():
+        # a developer is editing the series in this tree: build what they have, and say so
+        return ("KEPT, it holds work that differs from ggml-patches/ "
+                "(`ci/patches.py export` to save it, `ci/patches.py apply --force` to discard it)")
+    apply(tree, patch_dir, force=True)
+    return "re-applied (series changed)"
 
 
 def export(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR) -> list[Path]:
@@ -123,6 +168,8 @@ def export(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR) -> list[P
             dest = patch_dir / p.name
             shutil.move(str(p), dest)
             out.append(dest)
+    # the tree now is exactly what the series describes
+    _stamp_path(tree).write_text(f"{series_digest(patch_dir)} {git(tree, 'rev-parse', 'HEAD').stdout.strip()}\n")
     return out
 
 
@@ -152,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="upstream commit to apply to (must be fetched with ci/upstream.py first)")
     e = sub.add_parser("export", help="regenerate the series from upstream-base..HEAD of a patched tree")
     e.add_argument("--tree", type=Path, default=DEFAULT_WORKTREE)
+    y = sub.add_parser("sync", help="apply if the tree is missing or stale and holds no local work (used by setup)")
+    y.add_argument("--tree", type=Path, default=DEFAULT_WORKTREE)
     sub.add_parser("check", help="verify apply → export reproduces the series byte for byte")
     sub.add_parser("list", help="list the series in order")
     args = ap.parse_args(argv)
@@ -164,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "export":
             out = export(args.tree, args.patches)
             print(f"patches: exported {len(out)} patch(es) to {args.patches}")
+        elif args.cmd == "sync":
+            upstream.fetch()
+            print(f"patches: {args.tree}: {sync(args.tree, args.patches)}")
         elif args.cmd == "check":
             upstream.fetch()
             check(args.patches)

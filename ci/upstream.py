@@ -129,17 +129,33 @@ def from_sdist(commit: str) -> None:
         _archive_commit(vendor, commit, tarball_path(commit))
 
 
-def from_git(commit: str, url: str) -> None:
+def resolve_git(ref: str, url: str) -> str:
+    """Fetch ``ref`` (commit, branch or tag) from ``url``, cache its tree, return the commit id."""
+    cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
         clone = Path(tmp) / "llama.cpp"
-        print(f"upstream: cloning {url}", file=sys.stderr)
+        print(f"upstream: fetching {ref} from {url}", file=sys.stderr)
         _run(["git", "init", "-q", str(clone)])
-        try:
-            _run(["git", "-C", str(clone), "fetch", "-q", "--depth", "1", url, commit])
-        except subprocess.CalledProcessError:
-            _run(["git", "-C", str(clone), "fetch", "-q", url])
-        _run(["git", "-C", str(clone), "checkout", "-q", commit])
-        _archive_commit(clone, commit, tarball_path(commit))
+        _run(["git", "-C", str(clone), "fetch", "-q", "--depth", "1", url, ref])
+        commit = _git(clone, "rev-parse", "FETCH_HEAD")
+        _run(["git", "-C", str(clone), "checkout", "-q", "--detach", commit])
+        if not tarball_path(commit).exists():
+            _archive_commit(clone, commit, tarball_path(commit))
+    return commit
+
+
+def resolve_checkout(checkout: Path) -> str:
+    """Cache the tree at ``checkout``'s HEAD; return the commit id."""
+    commit = _git(checkout, "rev-parse", "HEAD")
+    if not tarball_path(commit).exists():
+        from_checkout(commit, checkout)
+    return commit
+
+
+def from_git(commit: str, url: str) -> None:
+    got = resolve_git(commit, url)
+    if got != commit:
+        raise UpstreamError(f"{url} gave {got} for {commit}")
 
 
 def from_checkout(commit: str, checkout: Path) -> None:

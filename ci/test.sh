@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The project's test command (README; .ci/run calls exactly this):
+#   set-up → build (host + both aarch64 variants) → pytest → CTest on x86 → CTest of both aarch64
+#   builds under qemu-aarch64 -cpu max → one summary line "N passed, M failed".
+# Every suite runs even when an earlier one fails; the exit status is non-zero on any failure.
+# S3D8_SKIP_CROSS=1 skips the aarch64 builds (reported, and counted as a failure, never as a pass).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source ci/env.sh
+
+bash ci/setup.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
+
+results=build/test-results
+rm -rf "$results" && mkdir -p "$results"
+status=0
+presets=(host aarch64-dotprod aarch64-i8mm)
+if [[ "${S3D8_SKIP_CROSS:-0}" == 1 ]]; then
+    presets=(host)
+    echo "aarch64 builds skipped by S3D8_SKIP_CROSS=1" > "$results/skipped-cross.txt"
+fi
+
+for preset in "${presets[@]}"; do
+    if ! bash ci/build.sh "$preset"; then
+        echo "build of $preset failed" > "$results/build-$preset.failed"
+        status=1
+    fi
+done
+
+printf '\033[1m[test]\033[0m pytest\n' >&2
+"$PY" -m pytest -q -p no:cacheprovider --junitxml="$results/pytest.xml" tests/python || status=1
+
+for preset in "${presets[@]}"; do
+    [[ -f "$results/build-$preset.failed" ]] && continue
+    printf '\033[1m[test]\033[0m ctest %s\n' "$preset" >&2
+    ctest --preset "$preset" --output-junit "$PWD/$results/ctest-$preset.xml" || status=1
+done
+
+"$PY" ci/summarize.py "$results" || status=1
+exit $status

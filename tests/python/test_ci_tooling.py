@@ -1,0 +1,209 @@
+"""The foundation's tooling: upstream cache, patch series apply/export round trip, upstream checks."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "ci"))
+
+import check_upstream  # noqa: E402
+import patches  # noqa: E402
+import upstream  # noqa: E402
+
+IDENT = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.invalid",
+         "GIT_AUTHOR_DATE": "2026-11-01T12:00:00Z"}
+
+
+@pytest.fixture(scope="module")
+def pinned_tree() -> Path:
+    return upstream.fetch()
+
+
+def commit_change(tree: Path, message: str, edit) -> None:
+    edit(tree)
+    patches.git(tree, "add", "-A")
+    patches.git(tree, "commit", "-q", "-m", message, env=IDENT)
+
+
+def test_cached_tree_is_the_pinned_commit(pinned_tree: Path) -> None:
+    assert upstream.tarball_path().exists()
+    # the reference tree is the git archive of the pinned commit: ggml 0.25.3 and a known enum
+    text = (pinned_tree / "ggml/include/ggml.h").read_text()
+    assert "GGML_TYPE_Q2_0    = 42" in text
+    assert upstream.sha256_file(upstream.cache_root() / "downloads" / upstream.SDIST_FILENAME) == upstream.SDIST_SHA256 \
+        or not (upstream.cache_root() / "downloads" / upstream.SDIST_FILENAME).exists()
+
+
+def test_second_fetch_downloads_nothing(monkeypatch, pinned_tree: Path) -> None:
+    def no_network(*a, **k):
+        raise AssertionError("fetch tried to download although the cache is complete")
+    monkeypatch.setattr(upstream, "download_sdist", no_network)
+    monkeypatch.setattr(upstream, "resolve_git", no_network)
+    assert upstream.fetch() == pinned_tree
+
+
+def test_sdist_with_wrong_checksum_is_refused(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("S3D8_CACHE", str(tmp_path))
+    (tmp_path / "downloads").mkdir()
+    bogus = tmp_path / "downloads" / upstream.SDIST_FILENAME
+    bogus.write_bytes(b"not the sdist")
+
+    def fake_pip(cmd, **kw):  # pip "downloads" the same bogus bytes again
+        dest = Path(cmd[cmd.index("-d") + 1])
+        (dest / upstream.SDIST_FILENAME).write_bytes(b"tampered")
+        return subprocess.CompletedProcess(cmd, 0)
+    monkeypatch.setattr(upstream, "_run", fake_pip)
+    with pytest.raises(upstream.UpstreamError, match="sha256"):
+        upstream.download_sdist()
+
+
+def test_empty_series_round_trips(tmp_path: Path, pinned_tree: Path) -> None:
+    empty = tmp_path / "series"
+    empty.mkdir()
+    tree = patches.apply(tmp_path / "tree", empty)
+    assert patches.git(tree, "rev-list", "--count", f"{patches.BASE_TAG}..HEAD").stdout.strip() == "0"
+    assert patches.export(tree, empty) == []
+    patches.check(empty)
+
+
+def test_series_round_trips_byte_identically(tmp_path: Path, pinned_tree: Path) -> None:
+    series = tmp_path / "series"
+    tree = patches.apply(tmp_path / "tree", series)
+
+    def edit_header(t: Path) -> None:
+        h = t / "ggml/include/ggml.h"
+        h.write_text(h.read_text().replace("GGML_TYPE_COUNT   = 43,", "GGML_TYPE_XTEST  = 96,\n        GGML_TYPE_COUNT   = 97,"))
+
+    def add_files(t: Path) -> None:
+        (t / "docs/s3d8-test.md").write_text("new file\nwith two lines\n")
+        (t / "crlf.txt").write_bytes(b"windows\r\nline endings\r\n")
+
+    commit_change(tree, "ggml : add a test type\n\nBody explaining why.", edit_header)
+    commit_change(tree, "docs : new files", add_files)
+    exported = patches.export(tree, series)
+    assert [p.name for p in exported] == ["0001-ggml-add-a-test-type.patch", "0002-docs-new-files.patch"]
+    first = exported[0].read_text()
+    assert first.startswith("From 0000000000000000000000000000000000000000 ")  # no commit hashes
+    assert "Body explaining why." in first
+    before = {p.name: p.read_bytes() for p in exported}
+    patches.check(series)  # apply → export in a temp dir reproduces the bytes
+    # and a second export from a fresh apply is byte-identical too
+    tree2 = patches.apply(tmp_path / "tree2", series)
+    again = tmp_path / "again"
+    patches.export(tree2, again)
+    assert {p.name: p.read_bytes() for p in patches.series(again)} == before
+    assert (tree2 / "crlf.txt").read_bytes() == b"windows\r\nline endings\r\n"
+    assert check_upstream.series_type_ids(series) == {"GGML_TYPE_XTEST": 96}
+
+
+def test_patch_that_no_longer_applies_fails_clearly(tmp_path: Path, pinned_tree: Path) -> None:
+    series = tmp_path / "series"
+    tree = patches.apply(tmp_path / "tree", series)
+    commit_change(tree, "ggml : touch the header",
+                  lambda t: (t / "ggml/include/ggml.h").write_text((t / "ggml/include/ggml.h").read_text() + "// x\n"))
+    [p] = patches.export(tree, series)
+    p.write_text(p.read_text().replace(" #ifdef  __cplusplus\n", " #ifdef  __cplusplus_changed_upstream\n"))
+    with pytest.raises(patches.PatchError, match=r"0001-ggml-touch-the-header.patch does not apply cleanly") as e:
+        patches.apply(tmp_path / "tree3", series)
+    assert "ggml/include/ggml.h" in str(e.value)
+    assert "git am --continue" not in str(e.value)  # no misleading advice: the am session was aborted
+
+
+def test_apply_refuses_to_destroy_uncommitted_work(tmp_path: Path, pinned_tree: Path) -> None:
+    series = tmp_path / "series"
+    tree = patches.apply(tmp_path / "tree", series)
+    (tree / "README.md").write_text("local edit")
+    with pytest.raises(patches.PatchError, match="uncommitted changes"):
+        patches.apply(tree, series)
+    with pytest.raises(patches.PatchError, match="uncommitted changes"):
+        patches.export(tree, series)
+    # sync keeps a tree with local work and says so, also when the series changed meanwhile
+    assert patches.sync(tree, series) == "up to date, with uncommitted local changes"
+    other = patches.apply(tmp_path / "other", series)
+    commit_change(other, "docs : a note", lambda t: (t / "NOTE.md").write_text("note\n"))
+    patches.export(other, series)
+    assert patches.sync(tree, series).startswith("KEPT")
+    assert (tree / "README.md").read_text() == "local edit"
+    patches.apply(tree, series, force=True)
+    assert patches.sync(tree, series) == "up to date"
+
+
+def test_sync_reapplies_a_stale_clean_tree(tmp_path: Path, pinned_tree: Path) -> None:
+    series = tmp_path / "series"
+    series.mkdir()
+    tree = tmp_path / "tree"
+    assert patches.sync(tree, series) == "applied"
+    assert patches.sync(tree, series) == "up to date"
+    # another developer's series arrives: a tree without local work follows it
+    other = patches.apply(tmp_path / "other", series)
+    commit_change(other, "docs : a note", lambda t: (t / "NOTE.md").write_text("note\n"))
+    patches.export(other, series)
+    assert patches.sync(tree, series) == "re-applied (series changed)"
+    assert (tree / "NOTE.md").read_text() == "note\n"
+
+
+def test_enum_parser_sees_live_and_removed_types(pinned_tree: Path) -> None:
+    values = check_upstream.enum_values((pinned_tree / check_upstream.GGML_H).read_text())
+    assert values[0] == "GGML_TYPE_F32" and values[42] == "GGML_TYPE_Q2_0"
+    assert values[4] == "GGML_TYPE_Q4_2"  # removed, commented out, still reserved
+    assert 43 not in values  # COUNT is not a type
+
+
+def test_type_id_collision_is_detected(tmp_path: Path, pinned_tree: Path) -> None:
+    series = tmp_path / "series"
+    tree = patches.apply(tmp_path / "tree", series)
+
+    def add_type(t: Path) -> None:
+        h = t / "ggml/include/ggml.h"
+        h.write_text(h.read_text().replace("GGML_TYPE_COUNT   = 43,", "GGML_TYPE_MINE    = 96,\n        GGML_TYPE_COUNT   = 97,"))
+    commit_change(tree, "ggml : add GGML_TYPE_MINE", add_type)
+    patches.export(tree, series)
+    assert check_upstream.check_ids(pinned_tree, series) == []
+    # an upstream that has meanwhile taken 96 for something else
+    fake = tmp_path / "upstream-later"
+    shutil.copytree(pinned_tree, fake, symlinks=True)
+    h = fake / check_upstream.GGML_H
+    h.chmod(0o644)
+    h.write_text(h.read_text().replace("GGML_TYPE_COUNT   = 43,", "GGML_TYPE_NEW     = 96,\n        GGML_TYPE_COUNT   = 97,"))
+    assert check_upstream.check_ids(fake, series) == ["GGML_TYPE_MINE = 96 collides with upstream's GGML_TYPE_NEW"]
+
+
+def test_the_committed_series_round_trips_and_has_no_collision(pinned_tree: Path) -> None:
+    patches.check(patches.PATCH_DIR)
+    assert check_upstream.check_ids(pinned_tree, patches.PATCH_DIR) == []
+
+
+def test_check_upstream_reports_drift_and_failures_against_another_tree(tmp_path: Path, pinned_tree: Path) -> None:
+    """A second upstream checkout where the code the patches touch moved or changed."""
+    series = tmp_path / "series"
+    tree = patches.apply(tmp_path / "tree", series)
+
+    def append(path: str, text: str):
+        return lambda t: (t / path).write_text((t / path).read_text() + text)
+
+    def replace(old: str, new: str, path: str = "ggml/include/ggml.h"):
+        return lambda t: (t / path).write_text((t / path).read_text().replace(old, new))
+    commit_change(tree, "docs : touch the README", append("README.md", "\nS3D8 line\n"))
+    commit_change(tree, "ggml : add a type", replace("GGML_TYPE_COUNT   = 43,", "GGML_TYPE_S3D8x   = 96,\n        GGML_TYPE_COUNT   = 97,"))
+    patches.export(tree, series)
+    other = tmp_path / "other-upstream"
+    patches.make_base(other)
+    # upstream appends to the README (the patch's context moves) and adds a type of its own (the very line
+    # the second patch edits changes)
+    append("README.md", "upstream's own new last line\n")(other)
+    replace("GGML_TYPE_COUNT   = 43,", "GGML_TYPE_Q3_0    = 43,\n        GGML_TYPE_COUNT   = 44,")(other)
+    patches.git(other, "commit", "-qam", "upstream moves on", env=IDENT)
+    commit = upstream.resolve_checkout(other)
+    [pinned, later] = check_upstream.run_checks([upstream.PINNED_COMMIT, commit], series, pinned_tree, False, None)
+    assert pinned.ok and [s for _, s, _ in pinned.patch_status] == ["clean", "clean"]
+    assert [s for _, s, _ in later.patch_status] == ["drift", "FAILS"]
+    assert later.drifted_files == ["README.md", "ggml/include/ggml.h"]
+    assert not later.ok
+    assert check_upstream.main(["--patches", str(series), "--against", str(other)]) == 1
+    assert check_upstream.main(["--patches", str(series)]) == 0
