@@ -35,8 +35,8 @@ def quantize_activations(x: npt.ArrayLike, *, name: str = "") -> tuple[npt.NDArr
     s_bits = absmax_scale_bf16(arr)
     s = scales_to_fp32(s_bits)
     inv = np.zeros_like(s)
-    np.divide(np.float32(1), s, out=inv, where=(s != np.float32(0)))
     with np.errstate(over="ignore", invalid="ignore"):
+        np.divide(np.float32(1), s, out=inv, where=(s != np.float32(0)))
         scaled = arr * inv[:, None]
     scaled[np.isnan(scaled)] = np.float32(0)
     q = np.clip(np.rint(scaled), -ACT_QMAX, ACT_QMAX)

@@ -1,0 +1,129 @@
+"""S3D8 through the real gguf-py package (writer, reader, gguf-dump) and the inspect CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import gguf_s3d8
+from gguf_s3d8 import S3D8_TYPE_ID, dequantize_s3d8, quantize_s3d8, register_with_gguf
+from gguf_s3d8.__main__ import main as cli_main
+from gguf_s3d8.eligibility import body_offset
+
+REPO = Path(__file__).resolve().parents[2]
+T = gguf.GGMLQuantizationType
+
+
+def test_registration_is_a_real_idempotent_enum_member() -> None:
+    before = list(T)
+    assert register_with_gguf() is T.S3D8
+    assert register_with_gguf() is T.S3D8
+    assert list(T) == before
+    assert T(S3D8_TYPE_ID) is T.S3D8 is T["S3D8"]
+    assert int(T.S3D8) == 96 and T.S3D8.name == "S3D8" and isinstance(T.S3D8, int)
+    assert gguf.GGML_QUANT_SIZES[T.S3D8] == (128, 43)
+    assert T(8) is T.Q8_0 and gguf.GGML_QUANT_SIZES[T.Q8_0] == (32, 34)     # others untouched
+    assert sum(1 for m in T if int(m) == 96) == 1
+
+
+def write_model(path: Path, tensors: dict[str, tuple[np.ndarray, object]]) -> None:
+    w = gguf.GGUFWriter(str(path), "llama")
+    for name, (data, qtype) in tensors.items():
+        w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(8)
+    w = rng.laplace(size=(248, 2048)).astype(np.float32)
+    e = rng.normal(size=(2, 48, 2048)).astype(np.float32)
+    c = {"blk.0.ffn_up.weight": quantize_s3d8(w, name="blk.0.ffn_up.weight"),
+         "blk.0.ffn_up_exps.weight": quantize_s3d8(e, name="blk.0.ffn_up_exps.weight")}
+    path = tmp_path_factory.mktemp("gguf") / "m.gguf"
+    write_model(path, {"blk.0.ffn_up.weight": (c["blk.0.ffn_up.weight"], T.S3D8),
+                       "output_norm.weight": (np.ones(2048, np.float32), None),
+                       "blk.0.ffn_up_exps.weight": (c["blk.0.ffn_up_exps.weight"], T.S3D8)})
+    return path, c
+
+
+def test_gguf_round_trip(model) -> None:
+    path, containers = model
+    reader = gguf.GGUFReader(str(path))
+    by_name = {t.name: t for t in reader.tensors}
+    t = by_name["blk.0.ffn_up.weight"]
+    assert t.tensor_type is T.S3D8
+    assert t.shape.tolist() == [2048, 248]                     # ggml order: ne0 = k, ne1 = n
+    assert t.data.dtype == np.uint8 and t.data.shape == (248, 688)
+    assert t.n_bytes == 248 * 688
+    assert np.array_equal(t.data, containers["blk.0.ffn_up.weight"])
+    assert np.array_equal(dequantize_s3d8(t.data), dequantize_s3d8(containers["blk.0.ffn_up.weight"]))
+    x = by_name["blk.0.ffn_up_exps.weight"]
+    assert x.shape.tolist() == [2048, 48, 2] and x.data.shape == (2, 48, 688)
+    assert np.array_equal(x.data, containers["blk.0.ffn_up_exps.weight"])
+    assert by_name["output_norm.weight"].tensor_type is T.F32
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gguf_s3d8", *args], capture_output=True, text=True,
+                          cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)
+
+
+def test_inspect_good_file(model, capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = model
+    assert cli_main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "blk.0.ffn_up.weight" in out and "S3D8" in out and "248 x 2048" in out
+    assert "2.6875" in out and "distinct" in out and "over 2 slices" in out
+    assert "summary:" in out and "OK: 2 S3D8 tensor(s) verified" in out
+    total = 248 * 688 + 2048 * 4 + 2 * 48 * 688
+    assert f"{total} bytes" in out
+    assert cli_main([str(path), "--quiet"]) == 0                # bare FILE means inspect
+
+
+def test_inspect_corrupt_file_names_the_tensor(model, tmp_path: Path) -> None:
+    path, containers = model
+    bad = {k: v.copy() for k, v in containers.items()}
+    bad["blk.0.ffn_up.weight"].reshape(-1)[4] = 9              # version
+    bad["blk.0.ffn_up_exps.weight"][1].reshape(-1)[body_offset(48) - 1] = 1
+    corrupt = tmp_path / "bad.gguf"
+    write_model(corrupt, {k: (v, T.S3D8) for k, v in bad.items()})
+    r = run_cli("inspect", str(corrupt))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "'blk.0.ffn_up.weight'" in r.stderr and "version 9" in r.stderr
+    assert "'blk.0.ffn_up_exps.weight[1]'" in r.stderr and "between scales and body" in r.stderr
+    assert "CORRUPT" in r.stdout
+
+
+def test_inspect_unreadable_file(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all")
+    r = run_cli("inspect", str(junk))
+    assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+def test_dump_lists_s3d8_tensors(model) -> None:
+    path, _ = model
+    r = run_cli("dump", "--json", str(path))
+    assert r.returncode == 0, r.stderr
+    tensors = json.loads(r.stdout)["tensors"]
+    assert tensors["blk.0.ffn_up.weight"]["type"] == "S3D8"
+    assert tensors["blk.0.ffn_up.weight"]["shape"][:2] == [2048, 248]
+
+
+def test_import_registers(model) -> None:
+    r = subprocess.run([sys.executable, "-c",
+                        "import gguf_s3d8, gguf; print(int(gguf.GGMLQuantizationType.S3D8), "
+                        "gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(96)])"],
+                       capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO)}, timeout=120)
+    assert r.stdout.split() == ["96", "(128,", "43)"], r.stderr
+    assert gguf_s3d8.S3D8_TYPE_ID == 96

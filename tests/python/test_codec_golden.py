@@ -1,0 +1,105 @@
+"""Committed golden vectors: reproducible byte for byte, self-consistent, and readable from manifest.txt
+the way a C test will read them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gguf_s3d8 import (
+    S3D8InputError,
+    decode_int8,
+    dequantize_s3d8,
+    quantize_activations,
+    quantize_s3d8_with_codebook,
+    read_container,
+    reference_matmul,
+)
+from gguf_s3d8.golden import generate
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "s3d8_golden"
+
+
+def test_regenerating_reproduces_the_committed_files(tmp_path: Path) -> None:
+    generate(tmp_path)
+    committed = sorted(p.name for p in GOLDEN.iterdir() if p.is_file())
+    assert sorted(p.name for p in tmp_path.iterdir()) == committed
+    for name in committed:
+        assert (tmp_path / name).read_bytes() == (GOLDEN / name).read_bytes(), (
+            f"{name} differs: the codec's output changed; if on purpose, rerun "
+            "python -m gguf_s3d8.golden --out tests/data/s3d8_golden and explain why in the commit")
+
+
+def test_golden_set_is_small() -> None:
+    assert sum(p.stat().st_size for p in GOLDEN.iterdir() if p.is_file()) < 1_400_000
+
+
+def load(name: str, dtype: str) -> np.ndarray:
+    return np.fromfile(GOLDEN / name, dtype=np.dtype(dtype).newbyteorder("<"))
+
+
+def manifest_lines() -> list[list[str]]:
+    text = (GOLDEN / "manifest.txt").read_text()
+    return [line.split() for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def test_manifests_agree() -> None:
+    manifest = json.loads((GOLDEN / "manifest.json").read_text())
+    assert manifest["byte_order"] == "little"
+    lines = manifest_lines()
+    assert [l[0] for l in lines] == [c["name"] for c in manifest["cases"]]
+    for line, case in zip(lines, manifest["cases"]):
+        assert len(line) == 11
+        keys = ["n", "k", "m", "file_w", "file_codebook", "file_container", "file_x", "file_y", "file_xq", "file_xs"]
+        assert line[1:] == [str(case[k]) for k in keys]
+        for f in line[4:]:
+            assert f == "-" or (GOLDEN / f).is_file()
+    for fname, info in manifest["files"].items():
+        assert (GOLDEN / fname).stat().st_size == info["bytes"]
+    ms = {int(l[3]) for l in lines if l[6] != "-"}
+    assert ms == {1, 2, 3, 7, 8, 17}
+    residues = {int(l[1]) % 3 for l in lines if l[6] != "-"}
+    assert residues == {0, 1, 2}
+
+
+@pytest.mark.parametrize("line", manifest_lines(), ids=lambda l: l[0])
+def test_each_case_as_a_c_reader_would(line: list[str]) -> None:
+    name, n, k, m = line[0], int(line[1]), int(line[2]), int(line[3])
+    file_w, file_cb, file_c, file_x, file_y, file_xq, file_xs = line[4:]
+    cb = load(file_cb, "u1").reshape(32, 3)
+    if file_c == "-":
+        w = load(file_w, "f4").reshape(n, k)
+        with pytest.raises(S3D8InputError, match="non-finite"):
+            quantize_s3d8_with_codebook(w, cb, name=name)
+        return
+    container = load(file_c, "u1")
+    assert container.size == n * 43 * k // 128
+    c = read_container(container, name=name)
+    assert (c.n, c.k) == (n, k) and np.array_equal(c.codebook, cb)
+    w = load(file_w, "f4").reshape(n, k) if file_w != "-" else dequantize_s3d8(container)
+    assert np.array_equal(quantize_s3d8_with_codebook(w, cb, name=name).reshape(-1), container)
+    x = load(file_x, "f4").reshape(-1, k)[:m]
+    xq, xs = quantize_activations(x)
+    assert np.array_equal(xq, load(file_xq, "i1").reshape(-1, k)[:m])
+    assert np.array_equal(xs, load(file_xs, "u2")[:m])
+    y = load(file_y, "f4").reshape(-1, n)[:m]
+    assert np.array_equal(reference_matmul(container, x).view(np.uint32), y.view(np.uint32))
+
+
+def test_special_case_covers_what_it_claims() -> None:
+    w = load("special.w.f32", "f4").reshape(48, 2048)
+    w_int, alpha = decode_int8(load("special.container.u8", "u1"))
+    assert alpha[6] == 0 and alpha[11] == 0 and w[11].any()             # zero row; subnormal row -> 0
+    assert 0 < alpha[12] < np.finfo(np.float32).tiny                        # subnormal bf16 scale
+    assert alpha[14] == np.float32(1.015625) and alpha[15] == 1.0 and alpha[16] == np.float32(1.0078125)
+    assert w_int[0, 1] == 12 and w_int[0, 2] == -12                        # ties -> lowest index (12 < 10's index)
+    assert np.signbit(w[3, 0]) and w_int[3, 0] >= 0                         # -0.0 stored positive
+    xq = load("x.xq.i8", "i1").reshape(17, -1)
+    xs = load("x.xs.bf16", "u2")
+    assert not xq[1].any() and xs[1] == 0 and xs[5] == 0x0040 and xs[7] == 0x0040
+    assert xq[7].max() == 127 and xq[7].min() == -127
+    y = load("special.y.f32", "f4")
+    assert not np.isnan(y).any()
