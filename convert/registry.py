@@ -20,7 +20,7 @@ class SourceFactory(Protocol):
 
 
 #: Modules that register HF architectures (imported lazily by :func:`hf_factories`).
-MODEL_MODULES: list[str] = ["convert.llama"]
+MODEL_MODULES: list[str] = ["convert.llama", "convert.mllama"]
 
 _FACTORIES: dict[str, SourceFactory] = {}
 
