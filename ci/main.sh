@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The main job (README): set-up, build the host tools, then run tools/main_job.py on the embedded default
+# model. Arguments go to tools/main_job.py (`bash ci/main.sh --help`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source ci/env.sh
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+    exec "${PY}" tools/main_job.py --help 2>/dev/null || sed -n 2,3p "$0"
+fi
+bash ci/setup.sh
+bash ci/build.sh host
+exec "$PY" tools/main_job.py "$@"
