@@ -1,0 +1,199 @@
+"""Fake-quantised baseline formats (qat/formats.py): hand-checked values, bit accounting, and the S3D8
+simulation matching the codec's real containers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from qat.formats import (IntFormat, LloydMaxFormat, S3D8Format, StudentTFormat, WeightFormat, _SortedData,
+                         _s3d8_simulate_pieces, bf16_rne, crd_t_table, expected_block_max_t, int_range,
+                         lloyd_max_table, s3d8_simulate, sqnr_db)
+
+LOG2_6 = math.log2(6)
+
+
+def test_helpers_hand_checked() -> None:
+    assert int_range(6) == (-3, 2) and int_range(8) == (-4, 3) and int_range(4) == (-2, 1) and int_range(5) == (-2, 2)
+    x = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.0], dtype=torch.float32)
+    assert bf16_rne(x).tolist() == [1.0, 1 + 2**-6, -1.0, 3.0]  # ties to even
+    assert sqnr_db(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 0.0])) == pytest.approx(10 * math.log10(2))
+    assert sqnr_db(torch.ones(3), torch.ones(3)) == math.inf
+
+
+# ---------------------------------------------------------------------------------------------------
+# INT
+
+
+def test_int6_known_blocks() -> None:
+    fmt = IntFormat(levels=6, block=4)
+    assert fmt.divisor == 2
+    w = torch.tensor([[1.0, -0.5, 0.25, 0.74, -1.0, 0.3, 0.75, 0.25],
+                      [0.0, 0.0, 0.0, 0.0, 3.0, 1.0, 2.25, -3.0]])
+    # row 0 block 0: scale bf16(1/2) = 0.5, w/s = 2, -1, 0.5, 1.48 -> 2, -1, 0 (half to even), 1
+    # row 0 block 1: scale 0.5, w/s = -2, 0.6, 1.5, 0.5 -> -2, 1, 2 (half to even), 0
+    # row 1 block 0: all zero -> scale 0 -> zeros;  block 1: scale 1.5, w/s = 2, 0.667, 1.5, -2 -> 2, 1, 2, -2
+    want = torch.tensor([[1.0, -0.5, 0.0, 0.5, -1.0, 0.5, 1.0, 0.0],
+                         [0.0, 0.0, 0.0, 0.0, 3.0, 1.5, 3.0, -3.0]])
+    assert torch.equal(fmt.quantise(w), want)
+
+
+def test_int_ragged_block_and_bf16_scale() -> None:
+    fmt = IntFormat(levels=6, block=4)
+    w = torch.tensor([[0.1, 0.2, 0.3, 0.4, 10.0, -5.0]])  # last block (10, -5) has its own scale 5
+    q = fmt.quantise(w)
+    assert q[0, 4:].tolist() == [10.0, -5.0]
+    s = float(bf16_rne(torch.tensor(0.4 / 2)))  # 0.2 is not a bf16 number: the scale is 0.2001953125
+    assert s == 0.2001953125
+    # w/s = 0.4995, 0.999, 1.4985, 1.998: the rounded-up scale moves 0.3 below the 1.5 tie -> 0, 1, 1, 2
+    assert q[0, :4].tolist() == [0.0, s, s, 2 * s]
+
+
+def test_int6_uses_five_levels() -> None:
+    """With the absmax mapped to +-2 the extra level -3 of K=6 is never reached (as in the reference)."""
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    fmt = IntFormat(6, 128)
+    q = fmt.quantise(w).reshape(64, 2, 128)
+    scale = bf16_rne(w.reshape(64, 2, 128).abs().amax(-1, keepdim=True) / 2)
+    codes = torch.round(q / scale)
+    assert set(codes.unique().tolist()) == {-2.0, -1.0, 0.0, 1.0, 2.0}
+
+
+def test_int_bits_per_param() -> None:
+    assert IntFormat(6, 128).bits_per_param((576, 1536)) == pytest.approx(LOG2_6 + 16 / 128)  # 2.70996
+    assert IntFormat(6, 128).bits_per_param((576, 576)) == pytest.approx(LOG2_6 + 16 * 5 / 576)  # ragged: 5 blocks
+    assert IntFormat(16, 32).bits_per_param((4096, 4096)) == pytest.approx(4.5)
+    assert IntFormat(8, 64).bits_per_param((10, 128)) == pytest.approx(3.25)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Student-t
+
+
+def test_crd_t_table_matches_closed_form() -> None:
+    # reference values from scipy.stats.t (truncated cube-root density, cdof=(df-2)/3, scale sqrt(df/cdof))
+    assert expected_block_max_t(10.0, 128) == pytest.approx(3.6619020493634373, rel=1e-12)
+    want = [-1.0, -0.41127433573872424, -0.1226123153229357, 0.12261231532293586, 0.41127433573872424, 1.0]
+    assert crd_t_table(6, 10.0, 128).tolist() == pytest.approx(want, abs=1e-8)
+    t5 = crd_t_table(5, 4.5, 64)
+    assert t5[2] == 0 and t5[0] == -1 and t5[-1] == 1 and torch.equal(t5, -t5.flip(0))
+    # heavier tails (small df) put the inner levels closer to zero
+    assert crd_t_table(6, 3.0, 128)[3] < crd_t_table(6, 100.0, 128)[3]
+
+
+def test_sorted_error_equals_direct() -> None:
+    g = torch.Generator().manual_seed(1)
+    u = torch.rand(5000, generator=g) * 2 - 1
+    wt = torch.rand(5000, generator=g)
+    table = torch.tensor([-0.9, -0.3, -0.05, 0.2, 0.5, 0.95], dtype=torch.float64)
+    idx = torch.bucketize(u.double(), (table[1:] + table[:-1]) / 2)
+    direct = float((wt.double() * (u.double() - table[idx]) ** 2).sum())
+    assert _SortedData(u, wt).sq_error(table) == pytest.approx(direct, rel=1e-10)
+
+
+def test_student_t_recovers_its_own_grid() -> None:
+    """Data made of the levels of one (df, s=1) table is reproduced exactly and that pair is chosen."""
+    fmt = StudentTFormat(levels=6, block=8)
+    df = fmt.dfs[4]
+    table = crd_t_table(6, df, 8).to(torch.float32)
+    g = torch.Generator().manual_seed(2)
+    idx = torch.randint(0, 6, (16, 64), generator=g)
+    idx[:, ::8] = 5  # every block of 8 contains the level +1 (its absmax)
+    w = table[idx] * 0.25
+    got_df, got_s, _ = fmt.fit(w)
+    assert got_df == df and got_s == pytest.approx(1.0)
+    assert torch.equal(fmt.quantise(w), w)
+
+
+def test_student_t_search_space_and_bits() -> None:
+    fmt = StudentTFormat()
+    assert len(fmt.dfs) == 12 and fmt.dfs[0] == pytest.approx(3) and fmt.dfs[-1] == pytest.approx(100)
+    assert len(fmt.multipliers) == 9 and fmt.multipliers[0] == pytest.approx(0.25) and fmt.multipliers[4] == pytest.approx(1)
+    assert np.allclose(np.diff(np.log(fmt.dfs)), np.log(100 / 3) / 11)
+    assert fmt.bits_per_param((576, 1536)) == pytest.approx(LOG2_6 + 16 / 128 + 6 * 16 / (576 * 1536))
+
+
+def test_student_t_beats_int_on_heavy_tails() -> None:
+    w = torch.distributions.StudentT(4.0).sample((256, 512)) * 0.02
+    assert sqnr_db(w, StudentTFormat().quantise(w)) > sqnr_db(w, IntFormat(6, 128).quantise(w))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Lloyd-Max
+
+
+def test_lloyd_max_hand_checked() -> None:
+    # init [0, 10] -> boundary 5 -> {0,0,1,1} | {10} -> means 0.5, 10 -> boundary 5.25: unchanged, stop
+    assert lloyd_max_table(torch.tensor([0.0, 0.0, 1.0, 1.0, 10.0]), 2).tolist() == [0.5, 10.0]
+    assert lloyd_max_table(torch.tensor([0.0, 1.0, 2.0, 9.0, 10.0]), 2).tolist() == [1.0, 9.5]
+    # an empty cluster keeps its value: three levels, two far clusters
+    t = lloyd_max_table(torch.tensor([0.0, 0.1, 0.2, 10.0]), 3)
+    assert t.tolist() == pytest.approx([0.1, 5.0, 10.0])
+
+
+def test_lloyd_max_format_reproduces_six_atoms() -> None:
+    levels = torch.tensor([-1.0, -0.5, -0.125, 0.125, 0.5, 1.0])
+    g = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, 6, (32, 100), generator=g)
+    idx[:, 0] = 5  # row absmax 1 -> scale is the row factor below
+    w = levels[idx] * torch.tensor([2.0 ** -(i % 5) for i in range(32)])[:, None]
+    fmt = LloydMaxFormat(levels=6)
+    assert fmt.fit(w).tolist() == pytest.approx(levels.tolist())
+    assert torch.equal(fmt.quantise(w), w)
+
+
+def test_lloyd_max_bits() -> None:
+    assert LloydMaxFormat(6).bits_per_param((576, 1536)) == pytest.approx(LOG2_6 + 16 / 1536 + 96 / (576 * 1536))
+    assert LloydMaxFormat(6).bits_per_param((49152, 576)) == pytest.approx(2.61274, abs=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# S3D8 (through the codec)
+
+
+@pytest.mark.parametrize("shape", [(192, 1024), (248, 2048)])  # n % 3 == 0 and == 2, both eligible
+@pytest.mark.parametrize("rule", ["round", "trunc"])
+def test_s3d8_pieces_equal_container(shape: tuple[int, int], rule: str) -> None:
+    """The simulation used for ineligible shapes gives exactly the container's values where both exist."""
+    import gguf_s3d8
+
+    w = np.random.default_rng(4).standard_t(5, shape).astype(np.float32) * 0.02
+    via_container = gguf_s3d8.dequantize_s3d8(gguf_s3d8.quantize_s3d8(w, centroid_rule=rule, seed=1))
+    np.testing.assert_array_equal(_s3d8_simulate_pieces(w, centroid_rule=rule, seed=1), via_container)
+    np.testing.assert_array_equal(s3d8_simulate(w, centroid_rule=rule, seed=1), via_container)
+    got = S3D8Format(centroid_rule=rule, seed=1).quantise(torch.from_numpy(w))
+    np.testing.assert_array_equal(got.numpy(), via_container)
+
+
+def test_s3d8_ineligible_shape_is_simulated() -> None:
+    import gguf_s3d8
+
+    w = np.random.default_rng(5).standard_normal((192, 576)).astype(np.float32)
+    assert gguf_s3d8.s3d8_ineligibility(192, 576) is not None
+    q = S3D8Format("round").quantise(torch.from_numpy(w)).numpy()
+    assert q.shape == w.shape and sqnr_db(torch.from_numpy(w), torch.from_numpy(q)) > 8
+    # every value is +-alpha_i * a codebook integer, with the sign of w (or zero)
+    alpha = gguf_s3d8.scales.scales_to_fp32(gguf_s3d8.absmax_scale_bf16(w))
+    ints = q / alpha[:, None]
+    assert np.allclose(ints, np.round(ints), atol=1e-4) and np.abs(ints).max() <= 127
+    assert np.all((np.sign(q) == np.sign(w)) | (q == 0))
+
+
+def test_s3d8_bits() -> None:
+    f = S3D8Format()
+    assert f.bits_per_param((576, 1536)) == pytest.approx((8 * 192 * 1536 + 16 * 576 + 768) / (576 * 1536))
+    assert f.bits_per_param((4096, 4096)) == pytest.approx((8 * 1366 * 4096 + 16 * 4096 + 768) / 4096**2)
+    assert S3D8Format.container_bits_per_param((576, 1536)) == pytest.approx(2.6875)
+    assert S3D8Format.container_bits_per_param((576, 576)) is None
+
+
+def test_all_formats_are_weight_formats() -> None:
+    for f in (IntFormat(), StudentTFormat(), LloydMaxFormat(), S3D8Format()):
+        assert isinstance(f, WeightFormat) and f.name
+        w = torch.randn(9, 256, generator=torch.Generator().manual_seed(6))
+        q = f.quantise(w)
+        assert q.shape == w.shape and q.dtype == torch.float32 and torch.isfinite(q).all()
+        assert f.quantise(torch.zeros(9, 256)).abs().max() == 0
