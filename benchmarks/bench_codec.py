@@ -15,12 +15,12 @@ from typing import TypeVar
 
 import numpy as np
 
-from gguf_s3d8.assignment import nearest_centroid
-from gguf_s3d8.codebook import fit_codebook
+from gguf_s3d8.assignment import CellAssigner, nearest_centroid
+from gguf_s3d8.codebook import apply_centroid_rule, kmeans_plus_plus, lloyd, training_histogram
 from gguf_s3d8.container import allocate_container
 from gguf_s3d8.eligibility import n_triples
 from gguf_s3d8.packing import pack_bytes, sign_bits
-from gguf_s3d8.quantize import TRIPLES_PER_CHUNK, quantize_s3d8_with_codebook
+from gguf_s3d8.quantize import TRIPLES_PER_CHUNK, dequantize_s3d8, quantize_s3d8_with_codebook
 from gguf_s3d8.scales import absmax_scale_bf16, scales_to_fp32
 from gguf_s3d8.triples import triple_components
 
@@ -51,25 +51,41 @@ def main() -> None:
     ap.add_argument("--cols", "-k", type=int, default=4096, help="input columns k (default 4096)")
     ap.add_argument("--rule", choices=("round", "trunc"), default="round", help="centroid rule")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--brute", action="store_true",
+                    help="also time the brute-force nearest_centroid and check it gives identical indices")
+    ap.add_argument("--quality", action="store_true",
+                    help="also report the relative RMS reconstruction error (dequantise, not timed)")
     args = ap.parse_args()
     n, k = args.rows, args.cols
     print(f"S3D8 codec benchmark: {n} x {k} fp32, rule={args.rule}, numpy {np.__version__}, "
           f"{platform.machine()} python {platform.python_version()}")
     w = weight_like(n, k, args.seed)
     r: dict[str, float] = {}
-    codebook = timed("fit (scales+sample+k-means)", lambda: fit_codebook(w, centroid_rule=args.rule, seed=args.seed), r)
+    # fit_codebook(w) step by step (same calls, timed separately)
+    rng = np.random.default_rng(args.seed)
+    points, counts = timed("fit: sample + histogram", lambda: training_histogram(w, args.rule, rng), r)
+    init = timed("fit: k-means++", lambda: kmeans_plus_plus(points, counts, rng), r)
+    centroids, iterations = timed("fit: Lloyd", lambda: lloyd(points, counts, init), r)
+    codebook = apply_centroid_rule(centroids, args.rule).astype(np.uint8)
+    print(f"    ({counts.sum()} training vectors, {len(points)} distinct, {iterations} Lloyd iterations)")
     scales = timed("scales", lambda: absmax_scale_bf16(w), r)
     alpha = scales_to_fp32(scales)
     container, body = allocate_container(k, n, codebook, scales)
-    t_norm = t_assign = t_pack = 0.0
+    t_norm = t_assign = t_pack = t_brute = 0.0
+    assigner = CellAssigner(codebook)
     for p0 in range(0, n_triples(n), TRIPLES_PER_CHUNK):
         p1 = min(n_triples(n), p0 + TRIPLES_PER_CHUNK)
         t0 = time.perf_counter()
         comps = triple_components(w, alpha, p0, p1)
         a = np.abs(comps)
         t1 = time.perf_counter()
-        q = nearest_centroid(a[0], a[1], a[2], codebook)
+        q = assigner.assign(a[0], a[1], a[2])
         t2 = time.perf_counter()
+        if args.brute:
+            if not np.array_equal(q, nearest_centroid(a[0], a[1], a[2], codebook)):
+                raise SystemExit("fast and brute-force assignment differ")
+            t_brute += time.perf_counter() - t2
+            t2 = time.perf_counter()
         s = sign_bits(comps)
         body[p0:p1] = pack_bytes(q, s[0], s[1], s[2])
         t3 = time.perf_counter()
@@ -81,10 +97,16 @@ def main() -> None:
         print(f"  {label:<28s} {v:7.2f} s")
     total = sum(r.values())
     print(f"  {'total':<28s} {total:7.2f} s")
+    if args.brute:
+        print(f"  (brute-force nearest_centroid for comparison: {t_brute:.2f} s, identical indices)")
     t0 = time.perf_counter()
     check = quantize_s3d8_with_codebook(w, codebook)
     print(f"  (quantize_s3d8_with_codebook end to end: {time.perf_counter() - t0:.2f} s, "
           f"identical bytes: {bool(np.array_equal(check, container))})")
+    if args.quality:
+        err = dequantize_s3d8(container) - w
+        rel = float(np.sqrt(np.mean(err.astype(np.float64) ** 2) / np.mean(w.astype(np.float64) ** 2)))
+        print(f"  relative RMS reconstruction error: {rel:.4f}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from .activations import quantize_activations
 from .assignment import centroid_distances
+from .codebook import fit_codebook
 from .constants import N_CENTROIDS, VECTOR_DIM
 from .container import read_container, write_container
 from .eligibility import n_triples
@@ -40,7 +41,6 @@ from .errors import S3D8InputError
 from .packing import pack_bytes
 from .quantize import dequantize_s3d8, quantize_s3d8_with_codebook
 from .reference import reference_matmul
-from .codebook import fit_codebook
 
 K = 2048
 N_SPECIAL = 48        # n % 3 == 0, smallest eligible n at k = 2048

@@ -25,14 +25,20 @@ def as_weight_matrix(w: npt.ArrayLike, *, name: str = "") -> npt.NDArray[np.floa
     return arr
 
 
+#: Elements checked per step, so that checking a 128256 x 4096 matrix needs no full-size mask.
+_FINITE_CHUNK = 1 << 22
+
+
 def check_finite(arr: npt.NDArray[np.floating], *, name: str, what: str) -> None:
     """Raise :class:`S3D8InputError` naming the tensor and the first non-finite element's position."""
-    finite = np.isfinite(arr)
-    if not finite.all():
-        bad = np.argwhere(~finite)
-        first = tuple(int(i) for i in bad[0])
-        raise S3D8InputError(
-            name, f"{len(bad)} non-finite {what} value(s), first {arr[first]!r} at index {first}")
+    flat = arr.reshape(-1)
+    for start in range(0, flat.size, _FINITE_CHUNK):
+        finite = np.isfinite(flat[start:start + _FINITE_CHUNK])
+        if not finite.all():
+            first = np.unravel_index(start + int(np.argmin(finite)), arr.shape)
+            pos = tuple(int(i) for i in first)
+            count = int(flat.size - np.count_nonzero(np.isfinite(flat)))
+            raise S3D8InputError(name, f"{count} non-finite {what} value(s), first {arr[pos]!r} at index {pos}")
 
 
 def as_codebook(codebook: npt.ArrayLike, *, name: str = "") -> npt.NDArray[np.uint8]:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import numpy.typing as npt
 
-from .assignment import nearest_centroid
+from .assignment import CellAssigner
 from .codebook import fit_codebook
 from .constants import DEFAULT_CENTROID_RULE, VECTOR_DIM
 from .container import allocate_container, read_container
@@ -36,11 +36,12 @@ def check_eligible(n: int, k: int, *, name: str = "") -> None:
         raise S3D8IneligibleError(name, f"shape (n={n}, k={k}) cannot be stored as S3D8: {reason}")
 
 
-def encode_triples(components: F32, codebook: U8) -> U8:
+def encode_triples(components: F32, assigner: CellAssigner) -> U8:
     """Pack normalised components (3, P, k) of P triples into their (P, k) bytes: nearest centroid of
-    ``|w'|`` (fp32, ties to the lowest index) and the signs ``w' < 0``."""
+    ``|w'|`` (fp32, ties to the lowest index; ``assigner`` is the exact fast path of
+    :func:`~gguf_s3d8.assignment.nearest_centroid` for the matrix's codebook) and the signs ``w' < 0``."""
     a = np.abs(components)
-    q = nearest_centroid(a[0], a[1], a[2], codebook)
+    q = assigner.assign(a[0], a[1], a[2])
     s = sign_bits(components)
     return pack_bytes(q, s[0], s[1], s[2])
 
@@ -65,8 +66,9 @@ def quantize_s3d8_with_codebook(w: npt.ArrayLike, codebook: npt.ArrayLike, *, na
     scales = absmax_scale_bf16(arr)
     alpha = scales_to_fp32(scales)
     container, body = allocate_container(k, n, cb, scales, name=name)
+    assigner = CellAssigner(cb)
     for p0, p1 in _triple_chunks(n):
-        body[p0:p1] = encode_triples(triple_components(arr, alpha, p0, p1), cb)
+        body[p0:p1] = encode_triples(triple_components(arr, alpha, p0, p1), assigner)
     return container
 
 

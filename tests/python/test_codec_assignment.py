@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gguf_s3d8.assignment import centroid_distances, nearest_centroid
+from gguf_s3d8.assignment import CellAssigner, centroid_distances, nearest_centroid
 
 
 def codebook_with(rows: dict[int, tuple[int, int, int]]) -> np.ndarray:
@@ -77,3 +77,49 @@ def test_shape_and_float64_variant() -> None:
     assert q64.shape == (4, 5) and q64.dtype == np.uint8
     d = ((cb[None, None, :, :] - np.moveaxis(a, 0, -1)[:, :, None, :]) ** 2).sum(axis=-1)
     assert np.array_equal(q64, d.argmin(axis=-1))
+
+
+def adversarial_points(rng: np.random.Generator, cb: np.ndarray, size: int) -> np.ndarray:
+    """Points on cell corners and faces, one ulp either side, midpoints of centroid pairs (exact ties),
+    large components (>= 128) and ordinary Laplace-like values."""
+    c = cb.astype(np.float32)
+    parts = [
+        rng.integers(0, 129, size=(size, 3)).astype(np.float32),
+        np.nextafter(rng.integers(1, 128, size=(size, 3)).astype(np.float32), np.float32(0)),
+        np.nextafter(rng.integers(0, 128, size=(size, 3)).astype(np.float32), np.float32(200)),
+        rng.integers(0, 256, size=(size, 3)).astype(np.float32) / np.float32(2),
+        (c[rng.integers(0, 32, size)] + c[rng.integers(0, 32, size)]) / np.float32(2),
+        np.abs(rng.laplace(scale=15, size=(size, 3))).astype(np.float32),
+        rng.uniform(0, 200, size=(size, 3)).astype(np.float32),
+    ]
+    return np.concatenate(parts)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["uniform", "clustered", "duplicates", "small"]))
+def test_cell_assigner_equals_brute_force(seed: int, kind: str) -> None:
+    rng = np.random.default_rng(seed)
+    if kind == "uniform":
+        cb = rng.integers(0, 128, size=(32, 3))
+    elif kind == "clustered":
+        cb = np.minimum(np.abs(rng.laplace(scale=8, size=(32, 3))), 127).astype(int)
+    elif kind == "duplicates":
+        cb = rng.integers(0, 128, size=(32, 3))
+        cb[rng.integers(0, 32, 8)] = cb[rng.integers(0, 32, 8)]
+    else:
+        cb = rng.integers(0, 4, size=(32, 3))
+    cb = cb.astype(np.uint8)
+    a = adversarial_points(rng, cb, 3000)
+    assigner = CellAssigner(cb)
+    expected = nearest_centroid(a[:, 0].copy(), a[:, 1].copy(), a[:, 2].copy(), cb)
+    assert np.array_equal(assigner.assign(a[:, 0], a[:, 1], a[:, 2]), expected)
+    # a second call reuses the classified cells
+    perm = rng.permutation(len(a))
+    assert np.array_equal(assigner.assign(a[perm, 0], a[perm, 1], a[perm, 2]), expected[perm])
+
+
+def test_cell_assigner_on_the_crafted_ties() -> None:
+    cb = codebook_with({3: (12, 100, 100), 4: (10, 100, 100), 7: (12, 50, 60), 9: (10, 50, 60)})
+    a = np.array([(11, 100, 100), (11.0 - 2.0**-20, 50.0, 50.0), (11, 50, 50)], np.float32)
+    got = CellAssigner(cb).assign(a[:, 0], a[:, 1], a[:, 2])
+    assert got.tolist() == [3, 7, 7]
