@@ -81,17 +81,17 @@ def main() -> None:
         t1 = time.perf_counter()
         q = assigner.assign(a[0], a[1], a[2])
         t2 = time.perf_counter()
-        if args.brute:
-            if not np.array_equal(q, nearest_centroid(a[0], a[1], a[2], codebook)):
-                raise SystemExit("fast and brute-force assignment differ")
-            t_brute += time.perf_counter() - t2
-            t2 = time.perf_counter()
         s = sign_bits(comps)
         body[p0:p1] = pack_bytes(q, s[0], s[1], s[2])
         t3 = time.perf_counter()
         t_norm += t1 - t0
         t_assign += t2 - t1
         t_pack += t3 - t2
+        if args.brute:
+            t4 = time.perf_counter()
+            if not np.array_equal(q, nearest_centroid(a[0], a[1], a[2], codebook)):
+                raise SystemExit("fast and brute-force assignment differ")
+            t_brute += time.perf_counter() - t4
     for label, v in (("normalise + triples", t_norm), ("assign (exact fp32)", t_assign), ("signs + pack", t_pack)):
         r[label] = v
         print(f"  {label:<28s} {v:7.2f} s")

@@ -6,8 +6,8 @@ For each activation row x (one token) of length k::
     inv = (s == 0) ? 0 : 1.0f / s           (fp32)
     x_q = clamp(rne(x_j * inv), -127, 127)  (fp32 product, round half to even, int8)
 
-Beyond the format page: when ``s`` is a bf16 subnormal below 2^-127, ``1.0f / s`` overflows to +inf
-(absmax below about 1.9e-36 but not zero). IEEE arithmetic then gives ``x_j * inv = +/-inf`` for
+Beyond the format page: when ``s <= 2^-128`` (a bf16 subnormal; row absmax below about 3.8e-37 but not
+zero), ``1.0f / s`` overflows to +inf. IEEE arithmetic then gives ``x_j * inv = +/-inf`` for
 ``x_j != 0``, which the clamp maps to +/-127, and ``0 * inf = NaN`` for ``x_j == 0``, which this reference
 maps to 0 (the mathematical value). Golden vectors avoid that corner (see docs/codec.md).
 """
