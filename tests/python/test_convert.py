@@ -10,9 +10,7 @@ real SmolLM2 weights are in ``test_convert_smollm2.py``.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -29,7 +27,7 @@ from convert.common import ConversionOptions, write_gguf
 from convert.errors import ConvertError
 from convert.llama import hf_to_meta_rope_rows, llama3_rope_factors
 from convert.synthetic import llama_tensors, write_tiny_llama
-from convert.tensor_types import S3D8Options, choose_type
+from convert.tensor_types import choose_type
 from convert.to_gguf import main, open_source
 
 REPO = Path(__file__).resolve().parents[2]
