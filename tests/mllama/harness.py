@@ -1,0 +1,74 @@
+"""Shared pieces of the mllama tests: locating the binaries, converting the tiny checkpoint, running the dump tool.
+
+The binaries come from ``$S3D8_BIN_DIR`` (default ``<repo>/build/host/bin``); a missing binary is a test
+*failure* with the command that builds it, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def bin_dir() -> Path:
+    return Path(os.environ.get("S3D8_BIN_DIR", REPO_ROOT / "build" / "host" / "bin"))
+
+
+def binary(name: str) -> Path:
+    path = bin_dir() / name
+    if not path.is_file() or not os.access(path, os.X_OK):
+        import pytest
+
+        pytest.fail(f"{path} is missing: build it with `cmake --build --preset host` (target {name}) "
+                    f"or point S3D8_BIN_DIR at the folder that holds it", pytrace=False)
+    return path
+
+
+def convert(model_dir: Path, out_dir: Path, out_type: str = "f32") -> tuple[Path, Path]:
+    """Text and mmproj GGUFs of the checkpoint (written once per out_dir)."""
+    from convert.common import ConversionOptions
+    from convert.mllama import convert as convert_mllama
+
+    text = out_dir / f"text-{out_type}.gguf"
+    mmproj = out_dir / f"mmproj-{out_type}.gguf"
+    if not (text.is_file() and mmproj.is_file()):
+        opts = ConversionOptions(out_type=out_type)
+        convert_mllama(model_dir, text, opts, mmproj=mmproj, tokenizer_pre="llama-bpe", progress=False)
+    return text, mmproj
+
+
+@dataclass
+class Dump:
+    prompt_logits: np.ndarray
+    step_logits: np.ndarray
+    tokens: list[int]
+    cross: list[np.ndarray]
+
+
+def run_dump(text: Path, tokens: Sequence[int], out_dir: Path, *, mmproj: Path | None = None,
+             images: Sequence[Path] = (), cross: Sequence[tuple[Path, int]] = (), n_steps: int = 0,
+             cache_type: str = "f32", flash_attn: str = "off", timeout: float = 120) -> Dump:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [str(binary("llama-mllama-dump")), "-m", str(text), "--tokens", ",".join(str(t) for t in tokens),
+           "--n-steps", str(n_steps), "-ctk", cache_type, "-ctv", cache_type, "-fa", flash_attn, "-t", "2",
+           "-o", str(out_dir)]
+    if mmproj is not None:
+        cmd += ["--mmproj", str(mmproj)]
+    for img in images:
+        cmd += ["--image", str(img)]
+    for path, n_valid in cross:
+        cmd += ["--cross", str(path), "--n-valid", str(n_valid)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise AssertionError(f"llama-mllama-dump failed ({p.returncode}):\n{' '.join(cmd)}\n{p.stderr[-4000:]}")
+    n_cross = len(images) + len(cross)
+    return Dump(np.load(out_dir / "prompt_logits.npy"), np.load(out_dir / "step_logits.npy"),
+                [int(t) for t in np.load(out_dir / "tokens.npy")],
+                [np.load(out_dir / f"cross_{i}.npy") for i in range(n_cross)])

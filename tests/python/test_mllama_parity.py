@@ -1,0 +1,122 @@
+"""llama.cpp (mllama text model + mtmd vision) against transformers on a random tiny Llama 3.2 Vision.
+
+transformers runs with the vision taps patched to Meta's semantics (layer inputs, see mllama.md 3.4), eager
+attention and float32; llama.cpp runs the f32 GGUFs with an f32 KV cache and without flash attention, so both
+sides compute in float32 and the only differences are rounding: max relative error (max |a - b| / max |b|)
+<= 1e-4 on logits and cross-attention states, and identical greedy tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.mllama import harness, reference as R, tiny_model as T
+
+TOL = 1e-4
+N_STEPS = 8
+
+# the instruct layout: <|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n<|image|>text<|eot_id|>
+# <|start_header_id|>assistant<|end_header_id|>\n\n - five tokens precede the image
+PROMPT_IMAGE = [T.BOS_ID, T.START_HEADER_ID, 101, T.END_HEADER_ID, 202, T.IMAGE_TOKEN_ID, 40, 41, 42, 43,
+                T.EOT_ID, T.START_HEADER_ID, 102, T.END_HEADER_ID, 202]
+PROMPT_TEXT = [T.BOS_ID, T.START_HEADER_ID, 101, T.END_HEADER_ID, 202, 40, 41, 42, 43,
+               T.EOT_ID, T.START_HEADER_ID, 102, T.END_HEADER_ID, 202]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return T.get()
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    return R.load_model(model_dir)
+
+
+@pytest.fixture(scope="module")
+def gguf_f32(model_dir, tmp_path_factory) -> tuple[Path, Path]:
+    harness.binary("llama-mllama-dump")  # fail early and clearly when the tool is not built
+    return harness.convert(model_dir, tmp_path_factory.mktemp("gguf"), "f32")
+
+
+def make_image(tmp_path: Path, h: int, w: int, seed: int) -> tuple[Path, object]:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    img = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+    path = tmp_path / f"img_{h}x{w}_{seed}.png"
+    img.save(path)
+    return path, img
+
+
+def check(ref: R.Reference, out: harness.Dump, what: str) -> None:
+    n_vocab = ref.prompt_logits.shape[1]
+    # the tokenizer has one more token than the output layer (<|image|>): its logit must never win
+    assert np.all(np.isneginf(out.prompt_logits[:, n_vocab:])), f"{what}: extra logits are not -inf"
+    e_prompt = R.rel_err(out.prompt_logits[:, :n_vocab], ref.prompt_logits)
+    assert e_prompt <= TOL, f"{what}: prompt logits rel err {e_prompt:.3g}"
+    if ref.step_logits.size:
+        e_steps = R.rel_err(out.step_logits[:, :n_vocab], ref.step_logits)
+        assert e_steps <= TOL, f"{what}: decode-step logits rel err {e_steps:.3g}"
+    assert out.tokens == ref.tokens, f"{what}: greedy tokens differ: {out.tokens} vs {ref.tokens}"
+
+
+def test_text_only(hf_model, gguf_f32, tmp_path):
+    text, _ = gguf_f32
+    ref = R.run(hf_model, PROMPT_TEXT, [], n_steps=N_STEPS)
+    out = harness.run_dump(text, PROMPT_TEXT, tmp_path, n_steps=N_STEPS)
+    check(ref, out, "text-only")
+
+
+@pytest.mark.parametrize("h,w,ar_id", [(28, 28, 1), (28, 84, 3), (84, 28, 7), (56, 56, 6)],
+                         ids=["1-tile", "ar3-1x3", "ar7-3x1", "ar6-2x2"])
+def test_image(hf_model, gguf_f32, tmp_path, h, w, ar_id):
+    text, mmproj = gguf_f32
+    path, img = make_image(tmp_path, h, w, seed=h * 100 + w)
+    assert int(R.preprocess([img]).aspect_ratio_ids[0, 0]) == ar_id
+
+    ref = R.run(hf_model, PROMPT_IMAGE, [img], n_steps=N_STEPS)
+    out = harness.run_dump(text, PROMPT_IMAGE, tmp_path, mmproj=mmproj, images=[path], n_steps=N_STEPS)
+
+    e_cross = R.rel_err(out.cross[0], ref.cross_states)
+    assert e_cross <= TOL, f"cross-attention states rel err {e_cross:.3g}"
+    check(ref, out, f"image {h}x{w}")
+
+
+def test_image_upscaled(hf_model, gguf_f32, tmp_path):
+    """A 20x20 image is upscaled to one tile (bilinear with antialiasing, PIL semantics)."""
+    text, mmproj = gguf_f32
+    path, img = make_image(tmp_path, 20, 20, seed=7)
+    ref = R.run(hf_model, PROMPT_IMAGE, [img], n_steps=2)
+    out = harness.run_dump(text, PROMPT_IMAGE, tmp_path, mmproj=mmproj, images=[path], n_steps=2)
+    assert R.rel_err(out.cross[0], ref.cross_states) <= TOL
+    check(ref, out, "image 20x20")
+
+
+def test_two_images(hf_model, gguf_f32, tmp_path):
+    """Spans: the text between the images attends the first one only, the text after the second one attends it."""
+    text, mmproj = gguf_f32
+    p1, img1 = make_image(tmp_path, 28, 56, seed=1)
+    p2, img2 = make_image(tmp_path, 56, 28, seed=2)
+    ids = [T.BOS_ID, 30, T.IMAGE_TOKEN_ID, 31, 32, 33, T.IMAGE_TOKEN_ID, 34, 35, 36]
+    ref = R.run(hf_model, ids, [img1, img2], n_steps=4)
+    out = harness.run_dump(text, ids, tmp_path, mmproj=mmproj, images=[p1, p2], n_steps=4)
+    n = ref.cross_states.shape[0] // 2
+    assert R.rel_err(out.cross[0], ref.cross_states[:n]) <= TOL
+    assert R.rel_err(out.cross[1], ref.cross_states[n:]) <= TOL
+    check(ref, out, "two images")
+
+
+def test_text_model_with_reference_states(hf_model, gguf_f32, tmp_path):
+    """The text model alone, fed transformers' own cross-attention states (isolates it from the vision side)."""
+    text, _ = gguf_f32
+    _, img = make_image(tmp_path, 28, 84, seed=3)
+    ref = R.run(hf_model, PROMPT_IMAGE, [img], n_steps=N_STEPS)
+    states = tmp_path / "states.npy"
+    np.save(states, ref.cross_states.astype(np.float32))
+    n_valid = R.preprocess([img]).num_tiles[0] * (ref.cross_states.shape[0] // 4)
+    out = harness.run_dump(text, PROMPT_IMAGE, tmp_path, cross=[(states, n_valid)], n_steps=N_STEPS)
+    check(ref, out, "reference states")
