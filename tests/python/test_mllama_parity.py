@@ -120,3 +120,47 @@ def test_text_model_with_reference_states(hf_model, gguf_f32, tmp_path):
     n_valid = R.preprocess([img]).num_tiles[0] * (ref.cross_states.shape[0] // 4)
     out = harness.run_dump(text, PROMPT_IMAGE, tmp_path, cross=[(states, n_valid)], n_steps=N_STEPS)
     check(ref, out, "reference states")
+
+
+@pytest.mark.parametrize("cache_type,tol", [("f16", 2e-2), ("q8_0", 5e-2)])
+def test_cache_types(hf_model, gguf_f32, tmp_path, cache_type, tol):
+    """The cross-attention K/V are stored in the context's cache types (here with flash attention, as the
+    quantized V cache needs it); the result stays close to the f32 reference."""
+    text, mmproj = gguf_f32
+    path, img = make_image(tmp_path, 28, 84, seed=5)
+    ref = R.run(hf_model, PROMPT_IMAGE, [img], n_steps=2)
+    out = harness.run_dump(text, PROMPT_IMAGE, tmp_path, mmproj=mmproj, images=[path], n_steps=2,
+                           cache_type=cache_type, flash_attn="on")
+    n_vocab = ref.prompt_logits.shape[1]
+    err = R.rel_err(out.prompt_logits[:, :n_vocab], ref.prompt_logits)
+    assert err <= tol, f"{cache_type} cache: prompt logits rel err {err:.3g}"
+
+
+def test_mtmd_cli_answers_like_transformers(hf_model, model_dir, gguf_f32, tmp_path):
+    """llama-mtmd-cli end to end (chat template, tokenizer, image marker): its greedy answer about an image is the
+    one transformers generates for the same chat."""
+    import subprocess
+
+    from transformers import AutoTokenizer
+
+    text, mmproj = gguf_f32
+    path, img = make_image(tmp_path, 28, 84, seed=11)
+    question = "What does the image show?"
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    ids = list(enc["input_ids"]) if hasattr(enc, "keys") else list(enc)
+    ref = R.run(hf_model, ids, [img], n_steps=7)
+    answer = []
+    for t in ref.tokens:
+        if t in (T.EOT_ID, T.EOS_ID):
+            break
+        answer.append(t)
+    expected = tok.decode(answer)
+
+    cmd = [str(harness.binary("llama-mtmd-cli")), "-m", str(text), "--mmproj", str(mmproj), "--image", str(path),
+           "-p", question, "-n", "8", "--temp", "0", "-t", "2", "-ctk", "f32", "-ctv", "f32", "-fa", "off"]
+    p = subprocess.run(cmd, capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
+    assert p.stdout.decode().strip("\n") == expected

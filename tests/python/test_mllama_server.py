@@ -1,0 +1,160 @@
+"""llama-server with a tiny mllama model: OpenAI-style chat requests with image parts.
+
+One server (2 slots) serves the whole module: plain and streamed answers about an image, two concurrent requests
+with different images, a malformed image (HTTP 400 with a message) after which the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+
+from tests.mllama import harness, tiny_model as T
+
+N_PREDICT = 8
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def png_data_url(h: int, w: int, seed: int) -> str:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def chat_body(image_url: str, text: str = "What does the image show?", stream: bool = False) -> dict:
+    return {
+        "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": image_url}},
+            {"type": "text", "text": text},
+        ]}],
+        "max_tokens": N_PREDICT,
+        "temperature": 0.0,
+        "seed": 42,
+        "stream": stream,
+    }
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    exe = harness.binary("llama-server")
+    text, mmproj = harness.convert(T.get(), tmp_path_factory.mktemp("gguf"), "f16")
+    port = free_port()
+    log = tmp_path_factory.mktemp("log") / "server.log"
+    cmd = [str(exe), "-m", str(text), "--mmproj", str(mmproj), "--host", "127.0.0.1", "--port", str(port),
+           "-np", "2", "-c", "1024", "-t", "2", "--no-warmup", "--jinja"]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"llama-server exited with {proc.returncode}:\n{log.read_text()[-4000:]}", pytrace=False)
+            try:
+                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"llama-server did not become ready:\n{log.read_text()[-4000:]}", pytrace=False)
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def answer(server: str, body: dict) -> dict:
+    r = requests.post(f"{server}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_image_answer(server):
+    res = answer(server, chat_body(png_data_url(28, 84, 1)))
+    msg = res["choices"][0]["message"]["content"]
+    assert isinstance(msg, str) and msg
+    assert res["usage"]["completion_tokens"] == N_PREDICT
+    # the image is a single <|image|> token of the prompt
+    assert res["usage"]["prompt_tokens"] > 5
+
+
+def test_image_answer_is_deterministic_and_depends_on_the_image(server):
+    a = answer(server, chat_body(png_data_url(28, 84, 1)))["choices"][0]["message"]["content"]
+    b = answer(server, chat_body(png_data_url(28, 84, 1)))["choices"][0]["message"]["content"]
+    assert a == b
+    # a tiny random model may well ignore its input, so only the logprobs must change with the image
+    body1 = chat_body(png_data_url(28, 84, 1)) | {"logprobs": True, "top_logprobs": 1, "max_tokens": 1}
+    body2 = chat_body(png_data_url(84, 28, 2)) | {"logprobs": True, "top_logprobs": 1, "max_tokens": 1}
+    lp1 = answer(server, body1)["choices"][0]["logprobs"]["content"][0]["logprob"]
+    lp2 = answer(server, body2)["choices"][0]["logprobs"]["content"][0]["logprob"]
+    assert lp1 != lp2
+
+
+def test_stream(server):
+    body = chat_body(png_data_url(56, 56, 3), stream=True)
+    with requests.post(f"{server}/v1/chat/completions", json=body, stream=True, timeout=120) as r:
+        assert r.status_code == 200
+        pieces = []
+        done = False
+        for line in r.iter_lines():
+            if not line:
+                continue
+            line = line.decode()
+            assert line.startswith("data: "), line
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
+            if delta.get("content"):
+                pieces.append(delta["content"])
+    assert done
+    assert pieces
+    # the streamed answer is the same as the non-streamed one
+    full = answer(server, chat_body(png_data_url(56, 56, 3)))["choices"][0]["message"]["content"]
+    assert "".join(pieces) == full
+
+
+def test_concurrent_requests_with_different_images(server):
+    images = [png_data_url(28, 84, 10), png_data_url(84, 28, 11)]
+    # each answer alone first
+    alone = [answer(server, chat_body(img))["choices"][0]["message"]["content"] for img in images]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futs = [pool.submit(answer, server, chat_body(img)) for img in images * 2]
+        results = [f.result()["choices"][0]["message"]["content"] for f in futs]
+    # served in parallel (2 slots), every request attends its own image only
+    assert results == alone * 2
+
+
+def test_malformed_image_is_rejected_and_server_stays_up(server):
+    bad = "data:image/png;base64," + base64.b64encode(b"this is not an image").decode()
+    r = requests.post(f"{server}/v1/chat/completions", json=chat_body(bad), timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"]
+    assert requests.get(f"{server}/health", timeout=5).status_code == 200
+    res = answer(server, chat_body(png_data_url(28, 28, 5)))
+    assert res["choices"][0]["message"]["content"]
