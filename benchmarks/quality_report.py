@@ -488,6 +488,9 @@ Per matrix, round - trunc = {seed_mean:+.3f} dB on average (standard deviation {
 - Reconstruction SQNR is a proxy: it ignores which weights matter for the loss (no activation or Fisher
   weighting) and says nothing about QAT, where the paper's claim is made. The baselines here are fitted
   by direct cast (no training), as is S3D8.
+- INT is the plain block-absmax format of the paper's INT runs (reference-recipe section 8). With
+  absmax mapped to +-2 it uses only 5 of its 6 levels and clips nothing; a fitted scale multiplier
+  (as the reference's `fit.Scaled` search does for other families) would narrow its gap somewhat.
 - The weights carry Q4_1 structure, which need not favour any format equally; the ranking on the
   original bf16 checkpoint could differ.
 - Only ffn_down is a realistic S3D8 matrix in this model; the other kinds are simulations of a
