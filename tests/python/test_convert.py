@@ -208,6 +208,10 @@ def test_s3d8_tiny(tmp_path: Path, tokenizer_dir: Path) -> None:
     want = gguf_s3d8.quantize_s3d8(w, seed=3, name="blk.0.ffn_down.weight")
     np.testing.assert_array_equal(np.asarray(ts["blk.0.ffn_down.weight"].data), want)
     deq = gguf_s3d8.dequantize_s3d8(np.asarray(ts["blk.0.ffn_down.weight"].data))
+    # an S3D8 GGUF is also valid converter input: its containers are dequantised by the codec
+    back = tmp_path / "back.gguf"
+    assert main([str(out), "--type", "f32", "-o", str(back), "--no-progress"]) == 0
+    np.testing.assert_array_equal(_as_f32(_tensors(back)["blk.0.ffn_down.weight"]), deq)
     assert 10 * np.log10((w.astype(np.float64) ** 2).sum() / ((w - deq).astype(np.float64) ** 2).sum()) > 8
     # --fallback-type changes the fallbacks only; the same seed gives the same bytes
     out2 = tmp_path / "o2.gguf"
