@@ -65,13 +65,8 @@ def qtype_of(type_name: str) -> QT:
 def file_type_of(type_name: str) -> int:
     """``general.file_type`` for a requested ``--type`` (the type of most big matrices)."""
     if type_name == "s3d8":
-        codec = s3d8_codec()
-        for where in (getattr(codec, "LLAMA_FTYPE_MOSTLY_S3D8", None), getattr(gguf.LlamaFileType, "MOSTLY_S3D8", None)):
-            if where is not None:
-                return int(where)
-        # No ftype registered: llama.cpp only uses general.file_type for the model description, so
-        # write GUESSED ("not specified in the model file") rather than inventing a number.
-        return int(gguf.LlamaFileType.GUESSED)
+        s3d8_codec()  # importing the codec registers gguf.LlamaFileType.MOSTLY_S3D8 (llama.cpp's ftype 96)
+        return int(gguf.LlamaFileType.MOSTLY_S3D8)
     return _FILE_TYPES[type_name]
 
 

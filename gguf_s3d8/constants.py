@@ -12,6 +12,9 @@ from typing import Final, Literal
 #: was written) so that upstream adding types never collides with files written before; the C patch in
 #: ggml-patches/ uses the same number and CI fails if upstream ever claims it.
 S3D8_TYPE_ID: Final = 96
+# llama.cpp's LLAMA_FTYPE_MOSTLY_S3D8 (general.file_type of a model whose big matrices are S3D8); the
+# ggml patch picks the same number as the type id, for the same reason (far from upstream's growth).
+LLAMA_FTYPE_MOSTLY_S3D8: int = 96
 #: Name of the type in ggml / gguf-py.
 S3D8_TYPE_NAME: Final = "S3D8"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from .constants import BLOCK_SIZE, S3D8_TYPE_ID, S3D8_TYPE_NAME, TYPE_SIZE
+from .constants import BLOCK_SIZE, LLAMA_FTYPE_MOSTLY_S3D8, S3D8_TYPE_ID, S3D8_TYPE_NAME, TYPE_SIZE
 
 
 class S3D8RegistrationError(RuntimeError):
@@ -61,7 +61,19 @@ def register_with_gguf() -> Any:
     if existing is not None and tuple(existing) != (BLOCK_SIZE, TYPE_SIZE):
         raise S3D8RegistrationError(f"gguf-py has sizes {existing} for S3D8, expected {(BLOCK_SIZE, TYPE_SIZE)}")
     sizes[member] = (BLOCK_SIZE, TYPE_SIZE)
+    _register_file_type(constants.LlamaFileType)
     return member
+
+
+def _register_file_type(ftype: Any) -> None:
+    """``gguf.LlamaFileType.MOSTLY_S3D8`` = llama.cpp's LLAMA_FTYPE_MOSTLY_S3D8 (idempotent)."""
+    name = "MOSTLY_S3D8"
+    by_value = ftype._value2member_map_.get(LLAMA_FTYPE_MOSTLY_S3D8)
+    if by_value is not None and by_value._name_ != name:
+        raise S3D8RegistrationError(
+            f"gguf-py already uses file type {LLAMA_FTYPE_MOSTLY_S3D8} for {by_value._name_}")
+    if by_value is None:
+        _add_enum_member(ftype, name, LLAMA_FTYPE_MOSTLY_S3D8)
 
 
 def s3d8_gguf_type() -> Any:

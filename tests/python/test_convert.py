@@ -195,6 +195,8 @@ def test_s3d8_tiny(tmp_path: Path, tokenizer_dir: Path) -> None:
                  "--report-json", str(rep_json)]) == 0
     ts = _tensors(out)
     assert ts["blk.0.ffn_down.weight"].tensor_type == QT.S3D8
+    # llama.cpp's LLAMA_FTYPE_MOSTLY_S3D8, so its loader names the file type instead of guessing
+    assert gguf.GGUFReader(out).fields["general.file_type"].contents() == 96
     for name in ("blk.0.attn_q.weight", "blk.0.ffn_up.weight", "token_embd.weight"):
         assert ts[name].tensor_type == QT.Q8_0, name
     report = json.loads(rep_json.read_text())
