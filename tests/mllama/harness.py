@@ -31,11 +31,30 @@ def binary(name: str) -> Path:
     return path
 
 
-def convert(model_dir: Path, out_dir: Path, out_type: str = "f32") -> tuple[Path, Path]:
-    """Text and mmproj GGUFs of the checkpoint (written once per out_dir)."""
+def _code_hash() -> str:
+    """Hash of the converter and codec sources: cached conversions are redone when they change."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for folder in ("convert", "gguf_s3d8"):
+        for f in sorted((REPO_ROOT / folder).glob("*.py")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def convert(model_dir: Path, out_dir: Path | None = None, out_type: str = "f32") -> tuple[Path, Path]:
+    """Text and mmproj GGUFs of the checkpoint (written once per out_dir).
+
+    Without out_dir, the files are cached next to the checkpoint, keyed by the type and the converter/codec
+    sources (an S3D8 conversion takes minutes; each file is written atomically by the converter).
+    """
     from convert.common import ConversionOptions
     from convert.mllama import convert as convert_mllama
 
+    if out_dir is None:
+        out_dir = model_dir.parent / f"{model_dir.name}-gguf" / f"{out_type}-{_code_hash()}"
+        out_dir.mkdir(parents=True, exist_ok=True)
     text = out_dir / f"text-{out_type}.gguf"
     mmproj = out_dir / f"mmproj-{out_type}.gguf"
     if not (text.is_file() and mmproj.is_file()):
@@ -54,7 +73,8 @@ class Dump:
 
 def run_dump(text: Path, tokens: Sequence[int], out_dir: Path, *, mmproj: Path | None = None,
              images: Sequence[Path] = (), cross: Sequence[tuple[Path, int]] = (), n_steps: int = 0,
-             cache_type: str = "f32", flash_attn: str = "off", timeout: float = 120) -> Dump:
+             cache_type: str = "f32", flash_attn: str = "off", extra: Sequence[str] = (),
+             timeout: float = 120) -> Dump:
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = [str(binary("llama-mllama-dump")), "-m", str(text), "--tokens", ",".join(str(t) for t in tokens),
            "--n-steps", str(n_steps), "-ctk", cache_type, "-ctv", cache_type, "-fa", flash_attn, "-t", "2",
@@ -65,6 +85,7 @@ def run_dump(text: Path, tokens: Sequence[int], out_dir: Path, *, mmproj: Path |
         cmd += ["--image", str(img)]
     for path, n_valid in cross:
         cmd += ["--cross", str(path), "--n-valid", str(n_valid)]
+    cmd += list(extra)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise AssertionError(f"llama-mllama-dump failed ({p.returncode}):\n{' '.join(cmd)}\n{p.stderr[-4000:]}")

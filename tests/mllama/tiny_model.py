@@ -28,20 +28,21 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-#: Token ids of the toy tokenizer (text vocabulary = 388 ids, image token = 388, embeddings = 396 rows).
-N_BPE = 380
+#: Token ids of the toy tokenizer (text vocabulary = 504 ids, image token = 504, embeddings = 512 rows; both
+#: the output and the embedding matrices are S3D8-eligible at these sizes).
+N_BPE = 496
 SPECIAL_TOKENS = [
     "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
     "<|eot_id|>", "<|finetune_right_pad_id|>", "<|eom_id|>", "<|python_tag|>",
 ]
-VOCAB_SIZE = N_BPE + len(SPECIAL_TOKENS)  # 388
+VOCAB_SIZE = N_BPE + len(SPECIAL_TOKENS)  # 504
 BOS_ID = N_BPE + 0
 EOS_ID = N_BPE + 1
 START_HEADER_ID = N_BPE + 2
 END_HEADER_ID = N_BPE + 3
 EOT_ID = N_BPE + 4
 PAD_ID = N_BPE + 5
-IMAGE_TOKEN_ID = VOCAB_SIZE  # 388
+IMAGE_TOKEN_ID = VOCAB_SIZE  # 504
 
 IMAGE_SIZE = 28
 PATCH_SIZE = 7
@@ -82,7 +83,7 @@ TINY_CONFIG: dict[str, Any] = {
 }
 
 # bump when the recipe (not the config) changes, so cached checkpoints are rebuilt
-_RECIPE_VERSION = 1
+_RECIPE_VERSION = 2
 
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -91,7 +92,11 @@ _CORPUS = [
     "A cat sits on the mat; a dog sleeps in the sun.",
     "user assistant system image picture photo color shape left right top bottom",
     "0123456789 + - * / = ( ) [ ] { } , . ; : ! ?",
-] * 4
+] * 4 + [
+    # deterministic pseudo-words, enough distinct pairs for the merges
+    " ".join("".join(chr(97 + (i * 7 + j * 13 + k * 3) % 26) for k in range(2 + (i + j) % 5)) for j in range(40))
+    for i in range(40)
+]
 
 
 def cache_root() -> Path:

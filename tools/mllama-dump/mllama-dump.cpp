@@ -6,6 +6,10 @@
 //   tokens.npy         i32 [n_steps + 1]        greedy tokens (first = argmax of the last prompt position)
 //   cross_<i>.npy      f32 [n_rows, n_embd]     cross-attention states of image i (vision encoder + projector)
 //
+// With --dump-tensors DIR, the intermediate tensors of the vision encoder (local_inp, global_inp, layer_out-<il>)
+// and of the text model (l_out-<il>, for the prompt) are written to DIR as <name>.npy (shape as ggml's ne,
+// reversed), for layer-by-layer comparisons.
+//
 // Every occurrence of the image token in --tokens stands for the next --image (in order). The cross-attention
 // states of all images are attached before the prompt is decoded, as the reference implementation sees them.
 // With --cross FILE.npy (f32 [n_rows, n_embd], one per image) the states are read from a file instead of being
@@ -14,6 +18,7 @@
 #include "llama.h"
 #include "mtmd.h"
 #include "mtmd-helper.h"
+#include "ggml-backend.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -104,10 +109,53 @@ static npy_array read_npy_f32(const std::string & path) {
     return res;
 }
 
+// eval callback writing selected F32 tensors as .npy files
+struct tensor_dumper {
+    std::string dir;
+    bool enabled = true;
+
+    static bool wanted(const char * name) {
+        static const char * prefixes[] = { "local_inp", "global_inp", "layer_out-", "l_out-" };
+        if (strchr(name, ' ') != nullptr) {
+            return false; // views and reshapes of a named tensor
+        }
+        for (const char * p : prefixes) {
+            if (strncmp(name, p, strlen(p)) == 0) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    static bool cb(struct ggml_tensor * t, bool ask, void * user_data) {
+        auto * self = (tensor_dumper *) user_data;
+        if (!self->enabled || !wanted(t->name)) {
+            return !ask; // not observed; keep computing
+        }
+        if (ask) {
+            return true;
+        }
+        if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) {
+            return true;
+        }
+        std::vector<float> v(ggml_nelements(t));
+        ggml_backend_tensor_get(t, v.data(), 0, ggml_nbytes(t));
+        std::vector<size_t> shape;
+        for (int d = GGML_MAX_DIMS - 1; d >= 0; --d) {
+            if (t->ne[d] > 1 || !shape.empty() || d == 0) {
+                shape.push_back(t->ne[d]);
+            }
+        }
+        write_npy(self->dir + "/" + t->name + ".npy", "<f4", v.data(), sizeof(float), shape);
+        return true;
+    }
+};
+
 static void usage(const char * argv0) {
     fprintf(stderr,
         "usage: %s -m TEXT.gguf [--mmproj MMPROJ.gguf --image IMG ...] [--cross STATES.npy --n-valid N ...]\n"
-        "          --tokens ID,ID,... [--n-steps N] [-ctk TYPE] [-ctv TYPE] [-fa on|off|auto] [-t N] -o OUTDIR\n",
+        "          --tokens ID,ID,... [--n-steps N] [-ctk TYPE] [-ctv TYPE] [-fa on|off|auto] [-t N] -o OUTDIR\n"
+        "          [--dump-tensors DIR]\n",
         argv0);
 }
 
@@ -129,6 +177,7 @@ int main(int argc, char ** argv) {
     std::string model_path;
     std::string mmproj_path;
     std::string out_dir;
+    std::string dump_dir;
     std::vector<std::string> images;
     std::vector<std::string> cross_files;
     std::vector<int32_t> cross_valid;
@@ -181,6 +230,8 @@ int main(int argc, char ** argv) {
                 n_threads = std::stoi(next());
             } else if (a == "-o") {
                 out_dir = next();
+            } else if (a == "--dump-tensors") {
+                dump_dir = next();
             } else {
                 usage(argv[0]);
                 return 2;
@@ -226,6 +277,13 @@ int main(int argc, char ** argv) {
     cparams.flash_attn_type = fa;
     cparams.no_perf         = true;
 
+    tensor_dumper dumper;
+    dumper.dir = dump_dir;
+    if (!dump_dir.empty()) {
+        cparams.cb_eval           = tensor_dumper::cb;
+        cparams.cb_eval_user_data = &dumper;
+    }
+
     llama_context * ctx = llama_init_from_model(model, cparams);
     if (!ctx) {
         fprintf(stderr, "error: failed to create the context\n");
@@ -254,6 +312,10 @@ int main(int argc, char ** argv) {
             mp.print_timings = false;
             mp.warmup        = false;
             mp.flash_attn_type = fa;
+            if (!dump_dir.empty()) {
+                mp.cb_eval           = tensor_dumper::cb;
+                mp.cb_eval_user_data = &dumper;
+            }
             mtmd_context * mctx = mtmd_init_from_file(mmproj_path.c_str(), model, mp);
             if (!mctx) {
                 throw std::runtime_error("failed to load " + mmproj_path);
@@ -352,6 +414,8 @@ int main(int argc, char ** argv) {
             memcpy(prompt_logits.data() + (size_t) i*n_vocab, llama_get_logits_ith(ctx, i), n_vocab*sizeof(float));
         }
         llama_batch_free(batch);
+
+        dumper.enabled = false;
 
         std::vector<int32_t> out_tokens = { argmax(prompt_logits.data() + (size_t) (n_prompt - 1)*n_vocab, n_vocab) };
         std::vector<float> step_logits((size_t) n_steps*n_vocab);

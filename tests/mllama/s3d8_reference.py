@@ -1,0 +1,117 @@
+"""transformers running the weights of a converted GGUF the way llama.cpp's kernels use them.
+
+For the S3D8 parity test: every linear layer whose GGUF tensor is S3D8 computes ``y = x W^T`` with the codec's
+integer reference (per-token int8 activation quantisation, exact int32 accumulation, fixed fp32 epilogue: the
+arithmetic of the ggml kernels, bit for bit), S3D8 embedding tables are replaced by their dequantised values (what
+``ggml_get_rows`` returns), and F16 fallbacks round both operands to f16 as ggml's CPU matmul does. Everything
+else (norms, attention, gates, tables) stays float32, so the two implementations differ only by float rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _gguf_tensors(path: Path) -> dict[str, tuple[str, np.ndarray]]:
+    import gguf
+    import gguf_s3d8  # noqa: F401  (registers the S3D8 type with gguf)
+
+    reader = gguf.GGUFReader(path)
+    return {t.name: (t.tensor_type.name, np.asarray(t.data)) for t in reader.tensors}
+
+
+def _gguf_to_canonical(model_dir: Path) -> dict[str, str]:
+    """GGUF tensor name -> canonical checkpoint name (convert.mllama.canonical_name)."""
+    from convert.mllama import canonical_name, text_source, vision_source
+
+    out = {}
+    for src in (text_source(model_dir, tokenizer_pre="llama-bpe"), vision_source(model_dir)):
+        for job in src.tensor_jobs():
+            if job.source != "rope_parameters":
+                out[job.name] = canonical_name(job.source)
+    return out
+
+
+def patch_model(model, model_dir: Path, ggufs: list[Path]) -> dict[str, str]:
+    """Make ``model`` compute with the GGUF weights as llama.cpp does; returns {gguf name: how it is emulated}."""
+    import torch
+    from torch import nn
+
+    from convert.llama import hf_to_meta_rope_rows
+    from convert.mllama import canonical_name
+    from gguf_s3d8.quantize import decode_int8, dequantized_values
+    from gguf_s3d8.reference import epilogue, integer_matmul
+    from gguf_s3d8.activations import quantize_activations
+    from gguf_s3d8.scales import scales_to_fp32
+
+    tensors: dict[str, tuple[str, np.ndarray]] = {}
+    for p in ggufs:
+        tensors.update(_gguf_tensors(p))
+    canon_of = _gguf_to_canonical(model_dir)
+    gguf_of = {c: g for g, c in canon_of.items()}
+
+    text_cfg = model.config.text_config
+    n_head, n_head_kv = text_cfg.num_attention_heads, text_cfg.num_key_value_heads
+
+    modules = dict(model.named_modules())
+    report: dict[str, str] = {}
+
+    def make_s3d8_forward(w_int, alpha, inv_perm, bias):
+        def forward(x):
+            shape = x.shape
+            xa = x.detach().reshape(-1, shape[-1]).numpy().astype(np.float32)
+            x_q, s_bits = quantize_activations(xa)
+            y = epilogue(integer_matmul(x_q, w_int), scales_to_fp32(s_bits), alpha)
+            if inv_perm is not None:
+                y = y[:, inv_perm]
+            out = torch.from_numpy(np.ascontiguousarray(y)).reshape(*shape[:-1], -1)
+            return out + bias if bias is not None else out
+        return forward
+
+    def make_f16_forward(w16, bias):
+        def forward(x):
+            y = torch.nn.functional.linear(x.half().float(), w16)
+            return y + bias if bias is not None else y
+        return forward
+
+    for mod_name, mod in modules.items():
+        if not isinstance(mod, (nn.Linear, nn.Embedding, nn.Conv2d)):
+            continue
+        canon = canonical_name(mod_name + ".weight")
+        gname = gguf_of.get(canon)
+        if gname is None:
+            continue
+        ttype, data = tensors[gname]
+        if isinstance(mod, nn.Embedding):
+            if ttype == "S3D8":
+                w_int, alpha = decode_int8(data)
+                with torch.no_grad():
+                    mod.weight.copy_(torch.from_numpy(dequantized_values(w_int, alpha)))
+                report[gname] = "dequantised rows"
+            continue
+        if isinstance(mod, nn.Conv2d):
+            if ttype == "F16":
+                w16 = mod.weight.detach().half().float()
+                stride, padding = mod.stride, mod.padding
+                mod.forward = lambda x, w16=w16, stride=stride, padding=padding: torch.nn.functional.conv2d(
+                    x.half().float(), w16, stride=stride, padding=padding)
+                report[gname] = "f16 conv"
+            continue
+        bias = mod.bias.detach() if mod.bias is not None else None
+        if ttype == "S3D8":
+            w_int, alpha = decode_int8(data)
+            inv_perm = None
+            if canon.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")) and canon.startswith("text."):
+                heads = n_head if canon.endswith("q_proj.weight") else n_head_kv
+                perm = hf_to_meta_rope_rows(np.arange(w_int.shape[0])[:, None], heads)[:, 0]
+                inv_perm = np.argsort(perm)
+            mod.forward = make_s3d8_forward(w_int, alpha, inv_perm, bias)
+            report[gname] = "s3d8 integer matmul"
+        elif ttype == "F16":
+            mod.forward = make_f16_forward(mod.weight.detach().half().float(), bias)
+            report[gname] = "f16 matmul"
+        elif ttype not in ("F32",):
+            raise NotImplementedError(f"{gname}: no emulation of {ttype} in the reference")
+    return report
