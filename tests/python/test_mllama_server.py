@@ -104,12 +104,10 @@ def test_image_answer_is_deterministic_and_depends_on_the_image(server):
     a = answer(server, chat_body(png_data_url(28, 84, 1)))["choices"][0]["message"]["content"]
     b = answer(server, chat_body(png_data_url(28, 84, 1)))["choices"][0]["message"]["content"]
     assert a == b
-    # a tiny random model may well ignore its input, so only the logprobs must change with the image
-    body1 = chat_body(png_data_url(28, 84, 1)) | {"logprobs": True, "top_logprobs": 1, "max_tokens": 1}
-    body2 = chat_body(png_data_url(84, 28, 2)) | {"logprobs": True, "top_logprobs": 1, "max_tokens": 1}
-    lp1 = answer(server, body1)["choices"][0]["logprobs"]["content"][0]["logprob"]
-    lp2 = answer(server, body2)["choices"][0]["logprobs"]["content"][0]["logprob"]
-    assert lp1 != lp2
+    # the answer must depend on the image (different images give at least two different answers)
+    answers = {answer(server, chat_body(png_data_url(hh, ww, seed)))["choices"][0]["message"]["content"]
+               for hh, ww, seed in [(28, 84, 1), (84, 28, 2), (56, 56, 3), (28, 28, 4)]}
+    assert len(answers) > 1, answers
 
 
 def test_stream(server):
