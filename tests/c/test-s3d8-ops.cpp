@@ -1,6 +1,6 @@
 // S3D8 ops on the CPU backend against an independent integer reference (s3d8-test-common.h),
 // comparing float bit patterns:
-//  - MUL_MAT on random eligible shapes with n % 3 in {0, 1, 2}, token counts m in
+//  - MUL_MAT on eligible shapes with n % 3 in {0, 1, 2} (and two drawn at random), token counts m in
 //    {1, 2, 3, 7, 8, 16, 17, 128} and 1..4 threads, a broadcast batch (src0 with 2 slices, src1 with
 //    4), the reference (use_ref) kernels, and a view that selects one slice of a 3-D tensor
 //  - MUL_MAT_ID (one container per expert) and GET_ROWS (incl. 3-D expert tensors)
@@ -376,6 +376,16 @@ int main(int argc, char ** argv) {
     test_mul_mat(rng, 1024, 1216, quick);  // n % 3 = 1
     test_mul_mat(rng, 4096, 18, quick);    // n % 3 = 0, smallest eligible at k = 4096
     test_mul_mat(rng, 2048, 248, quick);   // n % 3 = 2
+    // two more shapes drawn at random: k a multiple of 128, n % 3 != 0, eligible
+    for (int i = 0; i < 2; ++i) {
+        const int64_t ks[] = { 1152, 1280, 1536, 3072 };
+        const int64_t k = ks[rng() % 4];
+        int64_t n = 1;
+        while (n % 3 == 0 || !eligible(k, n)) {
+            n = 100 + (int64_t) (rng() % 1400);
+        }
+        test_mul_mat(rng, k, n, true);
+    }
     test_mul_mat_batched(rng);
     test_mul_mat_id(rng);
     test_get_rows(rng);
