@@ -179,3 +179,14 @@ def _bytes_to_unicode() -> dict[int, str]:
             cs.append(256 + n)
             n += 1
     return dict(zip(bs, (chr(c) for c in cs)))
+
+
+def test_state_roundtrip(gguf_f32, tmp_path):
+    """Saving and restoring the sequence state keeps the attached image (the decode steps do not change)."""
+    text, mmproj = gguf_f32
+    path, _ = make_image(tmp_path, 28, 84, seed=21)
+    a = harness.run_dump(text, PROMPT_IMAGE, tmp_path / "a", mmproj=mmproj, images=[path], n_steps=4)
+    b = harness.run_dump(text, PROMPT_IMAGE, tmp_path / "b", mmproj=mmproj, images=[path], n_steps=4,
+                         extra=["--state-roundtrip"])
+    assert np.array_equal(a.step_logits, b.step_logits)
+    assert a.tokens == b.tokens

@@ -6,6 +6,9 @@
 //   tokens.npy         i32 [n_steps + 1]        greedy tokens (first = argmax of the last prompt position)
 //   cross_<i>.npy      f32 [n_rows, n_embd]     cross-attention states of image i (vision encoder + projector)
 //
+// With --state-roundtrip, the sequence state (KV cache and cross-attention states) is saved after the prompt,
+// the memory is cleared and the state restored before the decode steps.
+//
 // With --dump-tensors DIR, the intermediate tensors of the vision encoder (local_inp, global_inp, layer_out-<il>)
 // and of the text model (l_out-<il>, for the prompt) are written to DIR as <name>.npy (shape as ggml's ne,
 // reversed), for layer-by-layer comparisons.
@@ -155,7 +158,7 @@ static void usage(const char * argv0) {
     fprintf(stderr,
         "usage: %s -m TEXT.gguf [--mmproj MMPROJ.gguf --image IMG ...] [--cross STATES.npy --n-valid N ...]\n"
         "          --tokens ID,ID,... [--n-steps N] [-ctk TYPE] [-ctv TYPE] [-fa on|off|auto] [-t N] -o OUTDIR\n"
-        "          [--dump-tensors DIR]\n",
+        "          [--dump-tensors DIR] [--state-roundtrip]\n",
         argv0);
 }
 
@@ -178,6 +181,7 @@ int main(int argc, char ** argv) {
     std::string mmproj_path;
     std::string out_dir;
     std::string dump_dir;
+    bool state_roundtrip = false;
     std::vector<std::string> images;
     std::vector<std::string> cross_files;
     std::vector<int32_t> cross_valid;
@@ -232,6 +236,8 @@ int main(int argc, char ** argv) {
                 out_dir = next();
             } else if (a == "--dump-tensors") {
                 dump_dir = next();
+            } else if (a == "--state-roundtrip") {
+                state_roundtrip = true;
             } else {
                 usage(argv[0]);
                 return 2;
@@ -416,6 +422,17 @@ int main(int argc, char ** argv) {
         llama_batch_free(batch);
 
         dumper.enabled = false;
+
+        if (state_roundtrip) {
+            std::vector<uint8_t> state(llama_state_seq_get_size(ctx, 0));
+            if (llama_state_seq_get_data(ctx, state.data(), state.size(), 0) != state.size()) {
+                throw std::runtime_error("failed to save the sequence state");
+            }
+            llama_memory_clear(llama_get_memory(ctx), true);
+            if (llama_state_seq_set_data(ctx, state.data(), state.size(), 0) != state.size()) {
+                throw std::runtime_error("failed to restore the sequence state");
+            }
+        }
 
         std::vector<int32_t> out_tokens = { argmax(prompt_logits.data() + (size_t) (n_prompt - 1)*n_vocab, n_vocab) };
         std::vector<float> step_logits((size_t) n_steps*n_vocab);
