@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     log("llama-cli on the S3D8 model")
     cli = run([tool("llama-cli"), "-m", str(s3d8), "-p", args.prompt, "-n", str(args.n_predict), "-st",
                "--simple-io", "-t", str(args.threads), "--temp", "0", "--no-display-prompt"], "llama-cli")
-    answer = cli.stdout.strip()
+    # llama-cli prints a banner and "> prompt" before the answer and a speed line after it
+    answer = cli.stdout.rsplit(args.prompt, 1)[-1].split("[ Prompt:", 1)[0].strip()
     print(f"\nprompt: {args.prompt}\nS3D8 answer: {answer}\n")
 
     log(f"perplexity and KL divergence on {args.chunks} x 512 held-out tokens")
