@@ -136,6 +136,21 @@ class ConversionReport:
         return "\n".join(lines)
 
 
+def add_general_metadata(writer: gguf.GGUFWriter, model_dir: Path) -> None:
+    """general.* keys as upstream's converter writes them: type, name, size label and the model card's fields.
+
+    Call after all tensors are added: the size label comes from the writer's parameter count.
+    """
+    writer.add_type(gguf.GGUFType.MODEL)
+    total, shared, expert, n_expert = writer.get_total_parameter_count()
+    meta = gguf.Metadata.load(None, model_dir, None, total)
+    if meta.name is None:
+        meta.name = model_dir.name
+    if meta.size_label is None and total > 0:
+        meta.size_label = gguf.size_label(total, shared, expert, n_expert)
+    meta.set_gguf_meta_model(writer)
+
+
 def _check_finite(name: str, source: str, data: np.ndarray) -> None:
     if data.dtype.kind == "f" and not np.isfinite(data).all():
         n_nan = int(np.isnan(data).sum())

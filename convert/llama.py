@@ -25,7 +25,7 @@ import numpy as np
 
 import gguf
 
-from .common import ConversionOptions, TensorJob
+from .common import ConversionOptions, TensorJob, add_general_metadata
 from .errors import ConvertError
 from .registry import register_hf_architecture
 from .safetensors_io import TensorRecord, iter_checkpoint
@@ -192,14 +192,7 @@ class LlamaHfSource:
 
     def add_metadata(self, writer: gguf.GGUFWriter, options: ConversionOptions) -> None:
         hp = self.hp
-        writer.add_type(gguf.GGUFType.MODEL)
-        total, shared, expert, n_expert = writer.get_total_parameter_count()
-        meta = gguf.Metadata.load(None, self.model_dir, None, total)
-        if meta.name is None:
-            meta.name = self.model_dir.name
-        if meta.size_label is None and total > 0:
-            meta.size_label = gguf.size_label(total, shared, expert, n_expert)
-        meta.set_gguf_meta_model(writer)
+        add_general_metadata(writer, self.model_dir)
 
         writer.add_block_count(hp.n_layer)
         if hp.n_ctx is not None:

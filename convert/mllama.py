@@ -50,7 +50,7 @@ import numpy as np
 
 import gguf
 
-from .common import ConversionOptions, ConversionReport, TensorJob, write_gguf
+from .common import ConversionOptions, ConversionReport, TensorJob, add_general_metadata, write_gguf
 from .errors import ConvertError
 from .llama import LlamaHParams, hf_to_meta_rope_rows, llama3_rope_factors
 from .registry import register_hf_architecture
@@ -219,14 +219,7 @@ class MllamaTextSource:
 
     def add_metadata(self, writer: gguf.GGUFWriter, options: ConversionOptions) -> None:
         hp = self.hp.base
-        writer.add_type(gguf.GGUFType.MODEL)
-        total, shared, expert, n_expert = writer.get_total_parameter_count()
-        meta = gguf.Metadata.load(None, self.model_dir, None, total)
-        if meta.name is None:
-            meta.name = self.model_dir.name
-        if meta.size_label is None and total > 0:
-            meta.size_label = gguf.size_label(total, shared, expert, n_expert)
-        meta.set_gguf_meta_model(writer)
+        add_general_metadata(writer, self.model_dir)
 
         writer.add_block_count(hp.n_layer)
         if hp.n_ctx is not None:
