@@ -114,6 +114,16 @@ class LlamaHParams:
     rope: dict[str, Any]  # rope_parameters / rope_scaling merged with rope_theta
     raw: dict[str, Any]
 
+    def add_shape_metadata(self, writer: gguf.GGUFWriter) -> None:
+        """The ``{arch}.*`` size keys shared by every llama-family text model (llama, mllama)."""
+        writer.add_block_count(self.n_layer)
+        if self.n_ctx is not None:
+            writer.add_context_length(int(self.n_ctx))
+        writer.add_embedding_length(self.n_embd)
+        writer.add_feed_forward_length(self.n_ff)
+        writer.add_head_count(self.n_head)
+        writer.add_head_count_kv(self.n_head_kv)
+
     @classmethod
     def from_config(cls, cfg: dict[str, Any], where: Path) -> "LlamaHParams":
         def need(*keys: str) -> Any:
@@ -194,13 +204,7 @@ class LlamaHfSource:
         hp = self.hp
         add_general_metadata(writer, self.model_dir)
 
-        writer.add_block_count(hp.n_layer)
-        if hp.n_ctx is not None:
-            writer.add_context_length(int(hp.n_ctx))
-        writer.add_embedding_length(hp.n_embd)
-        writer.add_feed_forward_length(hp.n_ff)
-        writer.add_head_count(hp.n_head)
-        writer.add_head_count_kv(hp.n_head_kv)
+        hp.add_shape_metadata(writer)
         if hp.raw.get("is_causal") is False:
             writer.add_causal_attention(False)
         rope = hp.rope

@@ -221,13 +221,7 @@ class MllamaTextSource:
         hp = self.hp.base
         add_general_metadata(writer, self.model_dir)
 
-        writer.add_block_count(hp.n_layer)
-        if hp.n_ctx is not None:
-            writer.add_context_length(int(hp.n_ctx))
-        writer.add_embedding_length(hp.n_embd)
-        writer.add_feed_forward_length(hp.n_ff)
-        writer.add_head_count(hp.n_head)
-        writer.add_head_count_kv(hp.n_head_kv)
+        hp.add_shape_metadata(writer)
         if hp.rope.get("rope_theta") is not None:
             writer.add_rope_freq_base(float(hp.rope["rope_theta"]))
         writer.add_layer_norm_rms_eps(hp.rms_eps)
