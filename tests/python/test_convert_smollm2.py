@@ -11,9 +11,9 @@
   to Q8_0 with its reason in the report. The S3D8 file runs in the (patched) llama.cpp with a perplexity
   close to that of a float file holding the same dequantised weights.
 
-Locations: the pinned upstream tree is ``$S3D8_UPSTREAM_DIR`` or ``<cache>/upstream/llama.cpp`` (placed
-by ``ci/setup.sh``); binaries are in ``$S3D8_BIN_DIR`` (default ``build/host/bin``). Missing ones make
-the tests fail with a message saying what to run - they are never skipped.
+Locations: the pinned upstream tree is ``$S3D8_UPSTREAM_DIR`` or the read-only reference tree that
+``ci/upstream.py fetch`` extracts (``<cache>/upstream/llama.cpp-<commit[:12]>``, run by ``ci/setup.sh``);
+binaries are in ``$S3D8_BIN_DIR`` (default ``build/host/bin``). Missing ones make the tests fail with a message saying what to run - they are never skipped.
 """
 
 from __future__ import annotations
@@ -30,9 +30,12 @@ import pytest
 import gguf
 
 from convert import assets
-from convert.to_gguf import main
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "ci"))
+import upstream  # noqa: E402  (ci/upstream.py: where the reference tree lives)
+from convert.to_gguf import main  # noqa: E402
+
 PY = sys.executable
 
 #: general.* keys allowed to differ between upstream's file and ours, with the reason. Empty on
@@ -47,7 +50,7 @@ ALLOWED_GENERAL_DIFFERENCES: dict[str, str] = {}
 
 def upstream_tree() -> Path:
     env = os.environ.get("S3D8_UPSTREAM_DIR")
-    tree = Path(env) if env else assets.cache_dir() / "upstream" / "llama.cpp"
+    tree = Path(env) if env else upstream.tree_path()
     if not (tree / "convert_hf_to_gguf.py").is_file() or not (tree / "gguf-py" / "gguf").is_dir():
         pytest.fail(f"pinned upstream llama.cpp tree not found at {tree} (run `bash ci/setup.sh` or "
                     "`python ci/upstream.py fetch`, or set S3D8_UPSTREAM_DIR)")
