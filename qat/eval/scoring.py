@@ -14,8 +14,8 @@
 * :func:`chartqa_accuracy` - the text after the first ``answer:`` (case-insensitive, ``*`` allowed around the
   colon; none → empty). If the label parses with Python's ``float``: the first number (``-?\\d*\\.?\\d+`` after
   number words → digits) must lie strictly inside (0.95·label, 1.05·label) as computed in floating point (so a
-  label ≤ 0 never matches, and e.g. 105 for label 100 matches because 1.05·100 = 105.00000000000001); else
-  the normalised answer must equal the normalised label. "45%" is not a float: such labels take the text path.
+  label ≤ 0 never matches, and for label 100 both 95 and 105 fail); else the normalised answer must equal the
+  normalised label. "45%" is not a float: such labels take the text path.
 * :func:`anls` - per answer: lower, strip, remove ``<|eot_id|>`` (in that order), character Levenshtein distance
   over the longer length; a distance ≥ 0.5 scores 0, otherwise 1 − distance; the best answer counts.
   Two empty strings score 1 (the authors' code divided by zero there).
