@@ -1,0 +1,112 @@
+"""The S3D8 arithmetic of ``gguf_s3d8`` in torch, for the per-step QAT forward (values only, no autograd).
+
+Every function here computes bit for bit what the numpy codec computes (``tests/python/test_qat_torch_quant.py``
+checks it on random and adversarial matrices); the codec stays the definition:
+
+* :func:`absmax_scales` - ``gguf_s3d8.absmax_scale_bf16``: ``bf16_rne(max_j |W_ij| / 127)`` per row.
+* :func:`normalise` - ``gguf_s3d8.normalise``: ``W / alpha`` in fp32, +0 where ``alpha == 0``.
+* :func:`triples` - ``gguf_s3d8.triples.triple_components``: rows 3p..3p+2, zero padding rows.
+* :func:`nearest_centroid` - ``gguf_s3d8.nearest_centroid`` in fp32: ``((C0-a0)^2 + (C1-a1)^2) + (C2-a2)^2``
+  as separate fp32 operations (no fused multiply-add: each torch op rounds its result), running minimum
+  replaced on a strict ``<`` (ties to the lowest index).
+* :func:`s3d8_dequantised` - ``dequantize_s3d8(quantize_s3d8_with_codebook(w, codebook))``.
+* :func:`quantize_activations` / :func:`fake_quant_activations` - ``gguf_s3d8.quantize_activations`` (format §3)
+  and its dequantised value ``x_q * s``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gguf_s3d8.constants import ACT_QMAX, N_CENTROIDS, SCALE_DIVISOR, VECTOR_DIM
+from qat.formats import bf16_rne
+
+__all__ = ["absmax_scales", "normalise", "triples", "nearest_centroid", "s3d8_dequantised",
+           "quantize_activations", "fake_quant_activations"]
+
+#: Vectors assigned per step (bounds the temporaries of the 32-centroid search).
+ASSIGN_CHUNK = 1 << 18
+
+
+def absmax_scales(rows: torch.Tensor) -> torch.Tensor:
+    """Per-row ``bf16_rne(max_j |x_ij| / 127)`` of a 2-D fp32 tensor, as fp32 values (all-zero rows: 0)."""
+    amax = rows.detach().abs().amax(dim=1) if rows.shape[1] else rows.new_zeros(rows.shape[0])
+    return bf16_rne(amax / SCALE_DIVISOR)
+
+
+def normalise(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``values / scale`` in fp32 (``scale`` broadcast), exactly +0 where ``scale == 0``."""
+    zero = scale == 0
+    out = values / torch.where(zero, torch.ones_like(scale), scale)
+    return torch.where(zero, torch.zeros_like(out), out)
+
+
+def triples(w_norm: torch.Tensor) -> torch.Tensor:
+    """Normalised rows (n, k) as triples (P, 3, k), P = ceil(n/3); rows >= n are +0."""
+    n, k = w_norm.shape
+    pad = -n % VECTOR_DIM
+    if pad:
+        w_norm = torch.cat([w_norm, w_norm.new_zeros(pad, k)])
+    return w_norm.reshape(-1, VECTOR_DIM, k)
+
+
+def nearest_centroid(a0: torch.Tensor, a1: torch.Tensor, a2: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
+    """Index (int64) of the nearest of the (32, 3) integer centroids for fp32 points, ties to the lowest."""
+    c = codebook.to(torch.float32)
+    shape = a0.shape
+    f0, f1, f2 = a0.reshape(-1), a1.reshape(-1), a2.reshape(-1)
+    out = torch.empty(f0.numel(), dtype=torch.int64, device=a0.device)
+    for start in range(0, f0.numel(), ASSIGN_CHUNK):
+        p0, p1, p2 = (f[start:start + ASSIGN_CHUNK] for f in (f0, f1, f2))
+        best = idx = None
+        for l in range(c.shape[0]):
+            t = c[l, 0] - p0
+            d = t * t
+            t = c[l, 1] - p1
+            d = d + t * t
+            t = c[l, 2] - p2
+            d = d + t * t
+            if best is None:
+                best, idx = d, torch.zeros_like(d, dtype=torch.int64)
+            else:
+                lt = d < best
+                idx = torch.where(lt, l, idx)
+                best = torch.where(lt, d, best)
+        out[start:start + ASSIGN_CHUNK] = idx
+    return out.reshape(shape)
+
+
+def s3d8_dequantised(w: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
+    """The dequantised S3D8 value of an fp32 matrix (n, k) with a frozen (32, 3) codebook (any shape).
+
+    Equal to ``gguf_s3d8.dequantize_s3d8(gguf_s3d8.quantize_s3d8_with_codebook(w, codebook))`` for every
+    shape a container can hold; the same arithmetic for the others.
+    """
+    if codebook.shape != (N_CENTROIDS, VECTOR_DIM):
+        raise ValueError(f"codebook must have shape (32, 3), got {tuple(codebook.shape)}")
+    w = w.detach().to(torch.float32)
+    n, k = w.shape
+    alpha = absmax_scales(w)
+    comp = triples(normalise(w, alpha[:, None]))  # (P, 3, k)
+    a = comp.abs()
+    q = nearest_centroid(a[:, 0], a[:, 1], a[:, 2], codebook)  # (P, k)
+    mag = codebook.to(device=w.device, dtype=torch.float32)[q]  # (P, k, 3)
+    signed = torch.where(comp < 0, -mag.permute(0, 2, 1), mag.permute(0, 2, 1)) + 0.0  # (P, 3, k); int8 has no -0
+    return alpha[:, None] * signed.reshape(-1, k)[:n]
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Format §3 per row of (m, k) fp32 activations: ``(x_q as fp32 integers in [-127, 127], s fp32 (m,))``."""
+    x = x.detach().to(torch.float32)
+    s = absmax_scales(x)
+    inv = torch.where(s == 0, torch.zeros_like(s), 1.0 / torch.where(s == 0, torch.ones_like(s), s))
+    scaled = x * inv[:, None]
+    scaled = torch.nan_to_num(scaled, nan=0.0, posinf=float(ACT_QMAX), neginf=-float(ACT_QMAX))
+    return torch.clamp(torch.round(scaled), -ACT_QMAX, ACT_QMAX) + 0.0, s  # + 0.0: int8 codes have no -0
+
+
+def fake_quant_activations(x: torch.Tensor) -> torch.Tensor:
+    """``x_q * s`` (exact in fp32) for activations of any shape (..., k), quantised per row as in format §3."""
+    flat = x.reshape(-1, x.shape[-1])
+    q, s = quantize_activations(flat)
+    return (q * s[:, None]).reshape(x.shape)
