@@ -397,38 +397,53 @@ def run(teacher: Teacher, out: Path, ids: Iterable[int], seed: int = DEFAULT_SEE
     return len(todo)
 
 
+EPILOG = """examples:
+  # Llama 3.2 Vision teacher on a GPU, the default images (scikit-image photos), 1000 samples
+  python -m qat.generate --model path/to/Llama-3.2-11B-Vision-Instruct -n 1000 --out data/train.jsonl
+  # a running llama-server (mllama), 8 requests in flight, an image folder
+  python -m qat.generate --endpoint http://127.0.0.1:8080/v1 --workers 8 --images imgs/ -n 100000 --out d.jsonl
+  # text-only teacher
+  python -m qat.generate --model "$(python -c 'from convert.assets import smollm2_hf_dir as d; print(d())')" \\
+      --text-only -n 100 --out smol.jsonl
+Re-running an interrupted command resumes it. Output schema: qat/data.py."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m qat.generate",
-        description="Generate QAT self-distillation data: sampled prompts (reference recipe section 5) answered "
-                    "by a teacher (transformers or an OpenAI-compatible endpoint), appended to a JSONL file "
-                    "(schema in qat/data.py). Re-running the same command resumes an interrupted run.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    src = p.add_argument_group("teacher (one of --model / --endpoint)")
+        description="Generate QAT self-distillation data: prompts sampled as in the reference recipe (section 5), "
+                    "answered by a teacher (transformers, or an OpenAI-compatible endpoint), appended to a JSONL "
+                    "file. Sample i is determined by (--seed, i).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_argument_group("teacher (--model and/or --endpoint)")
     src.add_argument("--model", type=Path, help="HF model directory: MllamaForConditionalGeneration, or any causal "
                      "LM with --text-only. With --endpoint: only used to render prompt_text with its chat template")
     src.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1 (llama-server)")
-    src.add_argument("--endpoint-model", help="'model' field of requests (default: first id of GET /models)")
-    src.add_argument("--workers", type=int, default=1, help="parallel endpoint requests (written in index order)")
-    src.add_argument("--timeout", type=float, default=600.0, help="seconds per endpoint request")
-    src.add_argument("--teacher-name", help="'teacher' field (default: resolved model path or endpoint:<url>#<model>)")
-    p.add_argument("--out", type=Path, required=True, help="output JSONL (appended to; resumed if it exists)")
+    src.add_argument("--endpoint-model", help="'model' field of the requests (default: first id of GET /models)")
+    src.add_argument("--workers", type=int, default=1,
+                     help="endpoint requests in flight; samples are still written in index order (default: 1)")
+    src.add_argument("--timeout", type=float, default=600.0, help="seconds per endpoint request (default: 600)")
+    src.add_argument("--teacher-name",
+                     help="'teacher' field (default: the resolved model path, or endpoint:<url>#<model>)")
+    p.add_argument("--out", type=Path, required=True, help="output JSONL; appended to, resumed if it exists")
     p.add_argument("-n", "--num-samples", type=int, required=True, help="number of sample indices to generate")
-    p.add_argument("--start", type=int, default=0, help="first sample index (shards: disjoint index ranges)")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="master seed; sample i is a function of (seed, i)")
-    p.add_argument("--images", type=Path, help="image folder (recursive, sorted; sample i uses image i mod N); "
-                   "default: scikit-image's bundled colour photos")
-    p.add_argument("--text-only", action="store_true", help="no images; plain template '{prompt}', chat template "
-                   "from the tokenizer (for text LLMs)")
+    p.add_argument("--start", type=int, default=0,
+                   help="first sample index; parallel shards use disjoint ranges (default: 0)")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help="master seed; sample i is a function of (seed, i) (default: %(default)s, the recipe's)")
+    p.add_argument("--images", type=Path, help="image folder, searched recursively and sorted; sample i uses image "
+                   "i mod N (default: scikit-image's bundled colour photos)")
+    p.add_argument("--text-only", action="store_true",
+                   help="no images; plain template '{prompt}', chat template from the tokenizer (text LLMs)")
     p.add_argument("--template", choices=("recipe", "chat", "plain"), default="recipe",
-                   help="recipe: chat w.p. 0.75 else plain; chat/plain: force one")
+                   help="recipe: chat w.p. 0.75, else plain '<|image|>{prompt}'; chat / plain: always that one")
     g = p.add_argument_group("sampling")
-    g.add_argument("--temperature", type=float, default=GenConfig.temperature)
-    g.add_argument("--top-p", type=float, default=GenConfig.top_p)
-    g.add_argument("--max-new-tokens", type=int, default=GenConfig.max_new_tokens)
+    g.add_argument("--temperature", type=float, default=GenConfig.temperature, help="(default: %(default)s)")
+    g.add_argument("--top-p", type=float, default=GenConfig.top_p, help="nucleus sampling (default: %(default)s)")
+    g.add_argument("--max-new-tokens", type=int, default=GenConfig.max_new_tokens, help="(default: %(default)s)")
     t = p.add_argument_group("transformers backend")
     t.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
-                   help="weights dtype (the recipe's teacher is bf16)")
+                   help="weights dtype (default: bfloat16, the recipe's teacher)")
     t.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     t.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

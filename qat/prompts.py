@@ -198,6 +198,7 @@ class SampledPrompt:
     base_prompt: str
     instruction: str | None  # the instruction block ("\n"-joined lines), None without one
     length_bucket: str | None  # "short" | "medium" | "long" | None
+    wrapped: bool  # an instruction block put in one of INSTRUCTION_WRAPPERS (not UNWRAPPED_INSTRUCTION)
     wrapper: str  # the wrapper format string used
     prompt: str
 
@@ -228,7 +229,7 @@ def sample_prompt(seed: int, index: int) -> SampledPrompt:
 
     if not use_instruction:
         wrapper = PLAIN_WRAPPERS[int(wrapper_u * len(PLAIN_WRAPPERS))]
-        return SampledPrompt(template, base_prompt, None, None, wrapper, wrapper.format(prompt=base_prompt))
+        return SampledPrompt(template, base_prompt, None, None, False, wrapper, wrapper.format(prompt=base_prompt))
     lines = [base_instruction]
     if use_length:
         lines.append(length_item)
@@ -238,7 +239,7 @@ def sample_prompt(seed: int, index: int) -> SampledPrompt:
         lines.append(adherence_item)
     instruction = "\n".join(dict.fromkeys(lines))  # de-duplicated, order kept
     wrapper = INSTRUCTION_WRAPPERS[int(wrapper_u * len(INSTRUCTION_WRAPPERS))] if wrap else UNWRAPPED_INSTRUCTION
-    return SampledPrompt(template, base_prompt, instruction, bucket if use_length else None, wrapper,
+    return SampledPrompt(template, base_prompt, instruction, bucket if use_length else None, wrap, wrapper,
                          wrapper.format(instruction=instruction, prompt=base_prompt))
 
 
