@@ -46,6 +46,7 @@ import io
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,9 +280,9 @@ class EndpointTeacher:
         self.renderer = renderer
         self.timeout = timeout
         self.retries = retries
-        self._session = requests.Session()
+        self._local = threading.local()  # one requests.Session per worker thread
         try:
-            r = self._session.get(f"{self.url}/models", timeout=min(timeout, 30.0))
+            r = self._session().get(f"{self.url}/models", timeout=min(timeout, 30.0))
         except requests.RequestException as e:
             raise GenerateError(f"cannot reach endpoint {self.url} ({type(e).__name__})") from None
         if model is None:
@@ -292,12 +293,19 @@ class EndpointTeacher:
         self.model = model
         self.name = name or f"endpoint:{self.url}#{model}"
 
+    def _session(self):
+        import requests
+
+        if not hasattr(self._local, "session"):
+            self._local.session = requests.Session()
+        return self._local.session
+
     def _post(self, path: str, body: dict) -> dict:
         import requests
 
         for attempt in range(self.retries + 1):
             try:
-                r = self._session.post(f"{self.url}{path}", json=body, timeout=self.timeout)
+                r = self._session().post(f"{self.url}{path}", json=body, timeout=self.timeout)
                 if r.status_code < 500:
                     if r.status_code != 200:
                         raise GenerateError(f"endpoint {self.url}{path} answered {r.status_code}: {r.text[:200]!r}")
