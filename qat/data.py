@@ -33,12 +33,13 @@ import json
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Callable, Literal, NamedTuple, TypeVar
 
-__all__ = ["Sample", "SampleWriter", "append_sample", "read_samples", "recover", "TEMPLATES", "FINISH_REASONS"]
+__all__ = ["Sample", "SampleHead", "SampleWriter", "append_sample", "read_samples", "recover", "TEMPLATES", "FINISH_REASONS"]
 
 TEMPLATES = ("chat", "plain")
 FINISH_REASONS = ("stop", "length")
+T = TypeVar("T")
 Template = Literal["chat", "plain"]
 FinishReason = Literal["stop", "length"]
 
@@ -88,33 +89,39 @@ class Sample:
         return json.dumps(asdict(self), ensure_ascii=False)
 
 
-def _parse_lines(path: Path) -> tuple[list[Sample], int]:
-    """Complete samples of a JSONL file and the byte length of its intact prefix.
+class SampleHead(NamedTuple):
+    """What resuming needs of a stored sample (keeps a large file's scan small in memory)."""
+
+    id: int
+    seed: int
+    teacher: str
+
+
+def _scan(path: Path, keep: Callable[[Sample], T]) -> tuple[list[T], int]:
+    """``keep(sample)`` for every complete sample of a JSONL file, streamed, and the byte length of its
+    intact prefix.
 
     Only the final line may be damaged (no newline, or not valid JSON: a killed writer); a damaged
     line elsewhere raises ``ValueError`` naming the line.
     """
-    data = path.read_bytes()
-    samples: list[Sample] = []
+    out: list[T] = []
     good_end = 0
-    pos = 0
-    lineno = 0
-    while pos < len(data):
-        nl = data.find(b"\n", pos)
-        lineno += 1
-        if nl < 0:  # truncated final line
-            break
-        raw = data[pos:nl]
-        try:
-            sample = Sample.from_dict(json.loads(raw.decode("utf-8"))) if raw.strip() else None
-        except (ValueError, TypeError) as e:
-            if nl + 1 >= len(data):  # the last line: a crash mid-write
+    pending: tuple[int, str] | None = None  # a bad line, fatal unless it is the last
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if pending is not None:
+                raise ValueError(f"{path}:{pending[0]}: bad sample line ({pending[1]})")
+            if not raw.endswith(b"\n"):  # truncated final line
                 break
-            raise ValueError(f"{path}:{lineno}: bad sample line ({e})") from None
-        if sample is not None:
-            samples.append(sample)
-        pos = good_end = nl + 1
-    return samples, good_end
+            try:
+                sample = Sample.from_dict(json.loads(raw.decode("utf-8"))) if raw.strip() else None
+            except (ValueError, TypeError) as e:
+                pending = (lineno, str(e))
+                continue
+            if sample is not None:
+                out.append(keep(sample))
+            good_end += len(raw)
+    return out, good_end
 
 
 def read_samples(path: str | os.PathLike, *, resolve_images: bool = True) -> list[Sample]:
@@ -124,7 +131,7 @@ def read_samples(path: str | os.PathLike, *, resolve_images: bool = True) -> lis
     Duplicate ids raise ``ValueError``.
     """
     path = Path(path)
-    samples, _ = _parse_lines(path)
+    samples, _ = _scan(path, lambda s: s)
     seen: set[int] = set()
     for s in samples:
         if s.id in seen:
@@ -137,15 +144,15 @@ def read_samples(path: str | os.PathLike, *, resolve_images: bool = True) -> lis
     return sorted(samples, key=lambda s: s.id)
 
 
-def recover(path: str | os.PathLike) -> list[Sample]:
+def recover(path: str | os.PathLike) -> list[SampleHead]:
     """Prepare a JSONL file for appending: cut a truncated final line off (in place) and return the
-    complete samples in file order. A missing file is created empty."""
+    (id, seed, teacher) of its complete samples in file order. A missing file is created empty."""
     path = Path(path)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
         return []
-    samples, good_end = _parse_lines(path)
+    samples, good_end = _scan(path, lambda s: SampleHead(s.id, s.seed, s.teacher))
     if good_end != path.stat().st_size:
         with open(path, "r+b") as f:
             f.truncate(good_end)

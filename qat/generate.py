@@ -44,7 +44,6 @@ import concurrent.futures as cf
 import importlib.util
 import io
 import json
-import os
 import sys
 import threading
 import time
