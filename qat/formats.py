@@ -7,6 +7,10 @@ Every format is a small frozen dataclass with
   ``w`` (deterministic); it has no gradient of its own - QAT wraps it in a straight-through estimator.
 * ``bits_per_param(shape) -> float``: stored bits of one matrix of that shape divided by its element
   count, counting codes, scales and tables (see each class for the storage assumption).
+* ``quantiser(w) -> GroupQuantiser``: the per-matrix fitted part (tables, S3D8 codebook and row scales)
+  as an object that quantises *columns*, one scale group at a time. ``quantise`` is exactly
+  :func:`direct_cast` of this quantiser, and GPTQ (``qat/gptq.py``) drives the same object column by
+  column, so GPTQ with an identity Hessian reproduces the direct cast bit for bit.
 
 Formats (reference-recipe section 8; "OWF" = the authors' optimal-weight-formats code):
 
@@ -21,7 +25,11 @@ Element-bit accounting. A K-level code carries log2(K) bits of information; the 
 at exactly log2(K) bits per element, i.e. assuming the codes are packed in base K (e.g. for K = 6, five
 codes in 13 bits = 2.600 bits, 53 codes in 137 bits = 2.585 bits; plain 3-bit fields would cost 3).
 This is also how the paper's bits/param column counts INT K=6 (log2 6 + 16/128 = 2.71). Scales are bf16
-(16 bits); per-matrix tables count 16 bits per entry (they are tiny either way).
+(16 bits); per-matrix tables count 16 bits per entry (they are tiny either way). Padding: a ragged last
+block (k not a multiple of G) still stores a whole scale; S3D8 stores ceil(n/3) triples, so the padding
+rows of the last triple cost codes (see :meth:`S3D8Format.bits_per_param`). The base-K bound has no
+per-row padding; a real base-K packing of a row of k codes needs ceil(k log2 K) bits (<1 bit per row,
+< 2e-3 bits/param at k = 576), which is ignored.
 
 The 1-D scalar searches work on sorted values with prefix sums: for a quantiser that is a monotone
 step function, the squared error of every candidate table and a Lloyd-Max update are exact sums over
@@ -40,10 +48,13 @@ import torch
 
 __all__ = [
     "WeightFormat",
+    "GroupQuantiser",
+    "direct_cast",
     "IntFormat",
     "StudentTFormat",
     "LloydMaxFormat",
     "S3D8Format",
+    "S3D8Quantiser",
     "bf16_rne",
     "int_range",
     "sqnr_db",
@@ -65,6 +76,35 @@ class WeightFormat(Protocol):
     def quantise(self, w: torch.Tensor) -> torch.Tensor: ...
 
     def bits_per_param(self, shape: Sequence[int]) -> float: ...
+
+    def quantiser(self, w: torch.Tensor) -> "GroupQuantiser": ...
+
+
+@runtime_checkable
+class GroupQuantiser(Protocol):
+    """A format fitted to one matrix, quantising columns group by group (what GPTQ needs).
+
+    ``group`` is the number of consecutive input columns sharing one set of scale parameters (the block G,
+    or k when there is one scale per row). ``group_params(cols)`` computes those parameters from the
+    current values of one group's columns (rows, <= group); ``quantise_columns(cols, params)`` returns the
+    dequantised values of any subset of that group's columns (rows, c), element-wise given the params.
+    """
+
+    group: int
+
+    def group_params(self, cols: torch.Tensor) -> object: ...
+
+    def quantise_columns(self, cols: torch.Tensor, params: object) -> torch.Tensor: ...
+
+
+def direct_cast(q: GroupQuantiser, m: torch.Tensor) -> torch.Tensor:
+    """Quantise an fp32 matrix (rows, k) group by group with a fitted quantiser (no error feedback)."""
+    out = torch.empty_like(m)
+    k = m.shape[1]
+    for g0 in range(0, k, q.group):
+        cols = m[:, g0:g0 + q.group]
+        out[:, g0:g0 + q.group] = q.quantise_columns(cols, q.group_params(cols))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -125,6 +165,57 @@ def _blocked_absmax_scales(m: torch.Tensor, block: int | None, divisor: float) -
     return scale_el, u
 
 
+def _safe_div(cols: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """cols / scale, 0 where the scale is 0 (scale broadcasts over the columns)."""
+    scale = scale.expand_as(cols)
+    return torch.where(scale == 0, torch.zeros_like(cols), cols / torch.where(scale == 0, torch.ones_like(scale), scale))
+
+
+@dataclass(frozen=True)
+class _TableQuantiser:
+    """Nearest level of a sorted table times a bf16 absmax scale per group (Student-t, Lloyd-Max, INT absmax).
+
+    ``table=None`` is the integer grid lo..hi with round-half-even and clipping (INT).
+    """
+
+    group: int
+    divisor: float
+    table: torch.Tensor | None = None
+    lo: int = 0
+    hi: int = 0
+
+    def group_params(self, cols: torch.Tensor) -> torch.Tensor:
+        return bf16_rne(cols.abs().amax(dim=1, keepdim=True) / self.divisor)
+
+    def quantise_columns(self, cols: torch.Tensor, params: object) -> torch.Tensor:
+        assert isinstance(params, torch.Tensor)
+        u = _safe_div(cols, params)
+        if self.table is None:
+            return torch.clamp(torch.round(u), self.lo, self.hi) * params  # torch.round: half to even
+        return _nearest_level(u, self.table) * params
+
+
+@dataclass(frozen=True)
+class _AffineIntQuantiser:
+    """K-level affine integers: scale = bf16((max - min) / (K-1)) over a range that includes 0, integer zero
+    point ``z = round(-min/scale)``; ``w_hat = (clip(round(w/scale) + z, 0, K-1) - z) * scale``."""
+
+    group: int
+    levels: int
+
+    def group_params(self, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        xmin = cols.amin(dim=1, keepdim=True).clamp_max(0)
+        xmax = cols.amax(dim=1, keepdim=True).clamp_min(0)
+        scale = bf16_rne((xmax - xmin) / (self.levels - 1))
+        zero = torch.round(_safe_div(-xmin, scale)).clamp(0, self.levels - 1)
+        return scale, zero
+
+    def quantise_columns(self, cols: torch.Tensor, params: object) -> torch.Tensor:
+        scale, zero = params  # type: ignore[misc]
+        code = torch.clamp(torch.round(_safe_div(cols, scale)) + zero, 0, self.levels - 1)
+        return (code - zero) * scale
+
+
 def _blocks_bits(k: int, block: int | None) -> float:
     """Scale bits per element for one bf16 scale per block of G inputs (ragged last block counted)."""
     g = k if block is None else block
@@ -178,18 +269,24 @@ def _nearest_level(u: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class IntFormat:
-    """K-level integer codes with a bf16 absmax scale per block of G consecutive inputs.
+    """K-level integer codes with a bf16 scale (absmax) or scale and zero point (affine) per block of G inputs.
 
     ``scale = bf16(absmax(block) / min(|lo|, hi))``; ``code = clip(round_half_even(w / scale), lo, hi)``;
     ``w_hat = code * scale``. The code range is OWF's "asymmetric" one (:func:`int_range`), so for even
     K the extra negative level is only reached by rounding/clipping (for K=6 the absmax maps to +-2 and
     -3 is unused by construction, as in the reference). An all-zero block has scale 0 and decodes to 0.
 
-    Bits: log2(K) per element (base-K packing) + 16 bits per block.
+    ``affine=True`` (GPTQ's asymmetric parameterisation): codes 0..K-1, ``scale = bf16((max - min)/(K-1))``
+    over the block's range widened to include 0, zero point ``z = round(-min/scale)`` (an integer in
+    0..K-1, stored as bf16 like the reference's scale/zero dtype), ``w_hat = (clip(round(w/scale)+z) - z) *
+    scale``. All K levels are usable and 0 is exact.
+
+    Bits: log2(K) per element (base-K packing) + 16 bits per block (+ 16 more for the affine zero point).
     """
 
     levels: int = 6
     block: int = 128
+    affine: bool = False
 
     def __post_init__(self) -> None:
         int_range(self.levels)
@@ -198,22 +295,27 @@ class IntFormat:
 
     @property
     def name(self) -> str:
-        return f"INT K={self.levels} G={self.block}"
+        return f"INT K={self.levels} G={self.block}" + (" affine" if self.affine else "")
 
     @property
     def divisor(self) -> int:
         lo, hi = int_range(self.levels)
         return min(-lo, hi)
 
+    def quantiser(self, w: torch.Tensor) -> GroupQuantiser:
+        k = int(w.shape[-1])
+        if self.affine:
+            return _AffineIntQuantiser(group=min(self.block, k), levels=self.levels)
+        lo, hi = int_range(self.levels)
+        return _TableQuantiser(group=min(self.block, k), divisor=float(self.divisor), lo=lo, hi=hi)
+
     def quantise(self, w: torch.Tensor) -> torch.Tensor:
         m, shape = _as_matrix(w)
-        lo, hi = int_range(self.levels)
-        scale, u = _blocked_absmax_scales(m, self.block, float(self.divisor))
-        code = torch.clamp(torch.round(u), lo, hi)  # torch.round: half to even
-        return (code * scale).reshape(shape)
+        return direct_cast(self.quantiser(m), m).reshape(shape)
 
     def bits_per_param(self, shape: Sequence[int]) -> float:
-        return math.log2(self.levels) + _blocks_bits(int(shape[-1]), self.block)
+        per_block = 2 if self.affine else 1
+        return math.log2(self.levels) + per_block * _blocks_bits(int(shape[-1]), self.block)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -304,11 +406,13 @@ class StudentTFormat:
         assert best is not None
         return best[1], best[2], best[3]
 
+    def quantiser(self, w: torch.Tensor) -> GroupQuantiser:
+        _, _, table = self.fit(w)
+        return _TableQuantiser(group=min(self.block, int(w.shape[-1])), divisor=1.0, table=table)
+
     def quantise(self, w: torch.Tensor) -> torch.Tensor:
         m, shape = _as_matrix(w)
-        _, _, table = self.fit(m)
-        scale, u = _blocked_absmax_scales(m, self.block, 1.0)
-        return (_nearest_level(u, table) * scale).reshape(shape)
+        return direct_cast(self.quantiser(m), m).reshape(shape)
 
     def bits_per_param(self, shape: Sequence[int]) -> float:
         numel = math.prod(int(s) for s in shape)
@@ -360,6 +464,9 @@ def _changed_assignments(a: torch.Tensor, b: torch.Tensor) -> int:
 class LloydMaxFormat:
     """Per-output-channel bf16 absmax scales and one K-level Lloyd-Max table per matrix.
 
+    "Per-channel" is the scaling, as in the reference (``F.Scaled(log2 K, "lloyd_max", BFLOAT16, (1, None),
+    "absmax")``: block shape (1, None) = one scale per output row); the table is one per matrix.
+
     ``alpha_i = bf16(max_j |W_ij|)``; ``u = W / alpha`` lies in [-1, 1]; the table is fitted to all of u
     (:func:`lloyd_max_table`, threshold 1e-3) and every u goes to its nearest level.
     K = 6 is 8/3 bits' worth of levels (2^(8/3) = 6.35, rounded).
@@ -379,11 +486,12 @@ class LloydMaxFormat:
         _, u = _blocked_absmax_scales(m, None, 1.0)
         return lloyd_max_table(u, self.levels, threshold=self.threshold)
 
+    def quantiser(self, w: torch.Tensor) -> GroupQuantiser:
+        return _TableQuantiser(group=int(w.shape[-1]), divisor=1.0, table=self.fit(w))
+
     def quantise(self, w: torch.Tensor) -> torch.Tensor:
         m, shape = _as_matrix(w)
-        scale, u = _blocked_absmax_scales(m, None, 1.0)
-        table = lloyd_max_table(u, self.levels, threshold=self.threshold)
-        return (_nearest_level(u, table) * scale).reshape(shape)
+        return direct_cast(self.quantiser(m), m).reshape(shape)
 
     def bits_per_param(self, shape: Sequence[int]) -> float:
         numel = math.prod(int(s) for s in shape)
@@ -401,12 +509,14 @@ class S3D8Format:
 
     For matrices that can hold a container: ``dequantize_s3d8(quantize_s3d8(w))``, i.e. exactly what a
     GGUF stores. For the others (k not a multiple of 128, or too few rows for the header) the same codec
-    pieces run without the container: ``fit_codebook``, bf16 row scales, the triples, ``nearest_centroid``
-    and the signs - the arithmetic a container would hold if the shape fitted (:func:`s3d8_simulate`).
+    pieces run without the container (:class:`S3D8Quantiser`: ``fit_codebook``, bf16 row scales, the
+    triples, the nearest centroid, the signs, and the byte packing/decoding tables) - the values a
+    container would hold if the shape fitted (:func:`s3d8_simulate`).
 
-    Bits: the format's own accounting, ``(8 * ceil(n/3) * k + 16 * n + 32*3*8) / (n k)`` (codes, bf16 row
-    scales, 96-byte codebook), as in the paper. A GGUF container of an eligible matrix is exactly
-    ``43/16 = 2.6875`` bits per weight (:meth:`container_bits_per_param`).
+    Bits: the format's own accounting, ``(8 * ceil(n/3) * k + 16 * n + 32*3*8) / (n k)`` (codes including
+    the padding rows of the last triple, bf16 row scales, 96-byte codebook), as in the paper. A GGUF
+    container of an eligible matrix is exactly ``43/16 = 2.6875`` bits per weight
+    (:meth:`container_bits_per_param`).
     """
 
     centroid_rule: str | None = None
@@ -421,6 +531,10 @@ class S3D8Format:
         import gguf_s3d8
 
         return self.centroid_rule or gguf_s3d8.DEFAULT_CENTROID_RULE
+
+    def quantiser(self, w: torch.Tensor) -> "S3D8Quantiser":
+        m, _ = _as_matrix(w)
+        return S3D8Quantiser.fit(m.numpy(), centroid_rule=self.rule, seed=self.seed)
 
     def quantise(self, w: torch.Tensor) -> torch.Tensor:
         m, shape = _as_matrix(w)
@@ -443,12 +557,89 @@ class S3D8Format:
         return 8 * gguf_s3d8.container_nbytes(n, k) / (n * k)
 
 
+class S3D8Quantiser:
+    """One matrix's fixed S3D8 codebook and bf16 row scales, quantising any subset of its columns.
+
+    Every step is the codec's: ``triple_components`` (normalisation ``W / alpha`` and zero padding rows),
+    the exact nearest-centroid search (``CellAssigner``), ``sign_bits``, ``pack_bytes`` and the kernels'
+    64-entry decoding tables (``decode_bytes``), and ``alpha * (+-C)`` (``dequantized_values``). A column's
+    row triples are independent of the other columns, so quantising columns one at a time (GPTQ) or all at
+    once (direct cast) gives the same values; :meth:`container` turns packed bytes of all k columns into a
+    real container (eligible shapes).
+    """
+
+    _TRIPLES_PER_CHUNK = 2048
+
+    def __init__(self, codebook: np.ndarray, scales_bf16: np.ndarray) -> None:
+        from gguf_s3d8.assignment import CellAssigner
+        from gguf_s3d8.packing import decode_tables
+        from gguf_s3d8.scales import scales_to_fp32
+
+        self.codebook = np.asarray(codebook, dtype=np.uint8)
+        self.scales_bf16 = np.asarray(scales_bf16, dtype=np.uint16)
+        self.alpha = scales_to_fp32(self.scales_bf16).astype(np.float32)
+        self.n = int(self.scales_bf16.shape[0])
+        self.group = 0  # set by fit (= k): one parameter set (the fixed scales) for the whole row
+        self._assigner = CellAssigner(self.codebook)
+        self._tables = decode_tables(self.codebook)
+
+    @classmethod
+    def fit(cls, w: np.ndarray, *, centroid_rule: str, seed: int = 0) -> "S3D8Quantiser":
+        """Codebook (``fit_codebook``) and row scales (``absmax_scale_bf16``) of an fp32 (n, k) matrix."""
+        import gguf_s3d8
+
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        q = cls(gguf_s3d8.fit_codebook(w, centroid_rule=centroid_rule, seed=seed), gguf_s3d8.absmax_scale_bf16(w))
+        q.group = int(w.shape[1])
+        return q
+
+    def pack(self, cols: np.ndarray) -> np.ndarray:
+        """S3D8 bytes (ceil(n/3), c) of fp32 columns (n, c) under the fixed codebook and scales."""
+        from gguf_s3d8.packing import pack_bytes, sign_bits
+        from gguf_s3d8.triples import triple_components
+
+        cols = np.ascontiguousarray(cols, dtype=np.float32)
+        n_trip = -(-self.n // 3)
+        out = np.empty((n_trip, cols.shape[1]), dtype=np.uint8)
+        for p0 in range(0, n_trip, self._TRIPLES_PER_CHUNK):
+            p1 = min(n_trip, p0 + self._TRIPLES_PER_CHUNK)
+            comps = triple_components(cols, self.alpha, p0, p1)  # (3, P, c)
+            a = np.abs(comps)
+            s = sign_bits(comps)
+            out[p0:p1] = pack_bytes(self._assigner.assign(a[0], a[1], a[2]), s[0], s[1], s[2])
+        return out
+
+    def unpack(self, packed: np.ndarray) -> np.ndarray:
+        """Dequantised fp32 values (n, c) of packed bytes (ceil(n/3), c), through the decoding tables."""
+        from gguf_s3d8.packing import decode_bytes
+        from gguf_s3d8.quantize import dequantized_values
+
+        w0, w1, w2 = decode_bytes(packed, self._tables)
+        w_int = np.stack([w0, w1, w2], axis=1).reshape(-1, packed.shape[1])[: self.n]
+        return dequantized_values(w_int, self.alpha)
+
+    def container(self, packed: np.ndarray) -> np.ndarray:
+        """The GGUF container (n, 43k/128) holding ``packed`` (all k columns); raises if ineligible."""
+        from gguf_s3d8.container import allocate_container
+
+        k = packed.shape[1]
+        container, body = allocate_container(k, self.n, self.codebook, self.scales_bf16)
+        body[...] = packed
+        return container
+
+    def group_params(self, cols: torch.Tensor) -> None:
+        return None  # codebook and scales are fixed for the whole matrix
+
+    def quantise_columns(self, cols: torch.Tensor, params: object = None) -> torch.Tensor:
+        return torch.from_numpy(self.unpack(self.pack(cols.detach().to(torch.float32).numpy())))
+
+
 def s3d8_simulate(w: np.ndarray, *, centroid_rule: str, seed: int = 0) -> np.ndarray:
     """S3D8-quantise and dequantise an fp32 (n, k) matrix with the codec; any shape.
 
-    Eligible shapes go through the real container; others through the codec's building blocks (same
-    codebook fit, scales, triples, assignment and signs), which give identical values for eligible
-    shapes - ``tests/python/test_formats.py`` checks that.
+    Eligible shapes go through the real container; others through the codec's building blocks
+    (:class:`S3D8Quantiser`), which give identical values for eligible shapes - ``tests/python/test_formats.py``
+    checks that.
     """
     import gguf_s3d8
 
@@ -460,24 +651,5 @@ def s3d8_simulate(w: np.ndarray, *, centroid_rule: str, seed: int = 0) -> np.nda
 
 
 def _s3d8_simulate_pieces(w: np.ndarray, *, centroid_rule: str, seed: int = 0) -> np.ndarray:
-    import gguf_s3d8
-    from gguf_s3d8.scales import scales_to_fp32
-    from gguf_s3d8.triples import triple_components
-
-    n, k = w.shape
-    codebook = gguf_s3d8.fit_codebook(w, centroid_rule=centroid_rule, seed=seed)
-    alpha = scales_to_fp32(gguf_s3d8.absmax_scale_bf16(w))
-    n_trip = -(-n // 3)
-    out = np.empty((n_trip * 3, k), dtype=np.float32)
-    cb = codebook.astype(np.float32)
-    step = 64
-    for p0 in range(0, n_trip, step):
-        p1 = min(n_trip, p0 + step)
-        comps = triple_components(w, np.asarray(alpha, dtype=np.float32), p0, p1)  # (3, P, k)
-        a = np.abs(comps)
-        q = gguf_s3d8.nearest_centroid(a[0], a[1], a[2], codebook)  # (P, k)
-        for d in range(3):
-            mag = cb[q, d]
-            out[3 * np.arange(p0, p1) + d] = np.where(comps[d] < 0, -mag, mag)
-    rows = out[:n]
-    return np.multiply(np.asarray(alpha, dtype=np.float32)[:, None], rows, dtype=np.float32)
+    q = S3D8Quantiser.fit(w, centroid_rule=centroid_rule, seed=seed)
+    return q.unpack(q.pack(w))

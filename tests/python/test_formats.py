@@ -197,3 +197,42 @@ def test_all_formats_are_weight_formats() -> None:
         q = f.quantise(w)
         assert q.shape == w.shape and q.dtype == torch.float32 and torch.isfinite(q).all()
         assert f.quantise(torch.zeros(9, 256)).abs().max() == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# INT affine, quantiser interface, padding in the accounting
+
+
+def test_int_affine_known_blocks() -> None:
+    fmt = IntFormat(levels=4, block=4, affine=True)
+    w = torch.tensor([[-1.0, 0.5, 0.25, 2.0, 1.0, 2.0, 3.0, 4.0]])
+    # block 0: range [-1, 2] -> scale 3/3 = 1, zero round(1/1) = 1; codes clip(round(w)+1) = 0, 1, 1, 3
+    # block 1: range widened to [0, 4] -> scale bf16(4/3) = 1.3359375, zero 0; w/s = .75, 1.50, 2.25, 2.99 -> 1, 1, 2, 3
+    s = 1.3359375
+    assert float(bf16_rne(torch.tensor(4 / 3))) == s
+    assert fmt.quantise(w).tolist() == [[-1.0, 0.0, 0.0, 2.0, s, s, 2 * s, 3 * s]]
+    assert fmt.name == "INT K=4 G=4 affine"
+    assert fmt.quantise(torch.zeros(2, 8)).abs().max() == 0
+    # all K levels are used on random data (unlike the absmax parameterisation)
+    r = torch.randn(64, 128, generator=torch.Generator().manual_seed(7))
+    q = IntFormat(6, 128, affine=True)
+    qa = q.quantise(r)
+    assert all(len(torch.unique(row)) == 6 for row in qa[:8])
+
+
+def test_bits_hand_computed_with_padding() -> None:
+    assert IntFormat(4, 128, affine=True).bits_per_param((10, 256)) == pytest.approx(2 + 2 * 16 / 128)
+    assert IntFormat(4, 128, affine=True).bits_per_param((10, 576)) == pytest.approx(2 + 2 * 16 * 5 / 576)
+    assert IntFormat(12, 32).bits_per_param((3, 100)) == pytest.approx(math.log2(12) + 16 * 4 / 100)  # 4 blocks
+    # S3D8: 4 rows -> 2 triples (2 padding rows cost codes), 4 bf16 scales, 96-byte codebook
+    assert S3D8Format().bits_per_param((4, 128)) == pytest.approx((8 * 2 * 128 + 16 * 4 + 768) / 512)
+    assert StudentTFormat(8, 64).bits_per_param((2, 64)) == pytest.approx(3 + 16 / 64 + 8 * 16 / 128)
+    assert LloydMaxFormat(4).bits_per_param((2, 10)) == pytest.approx(2 + 16 / 10 + 4 * 16 / 20)
+
+
+def test_quantiser_groups() -> None:
+    w = torch.randn(7, 200)
+    assert IntFormat(6, 64).quantiser(w).group == 64
+    assert IntFormat(6, 512).quantiser(w).group == 200
+    assert LloydMaxFormat(6).quantiser(w).group == 200
+    assert S3D8Format().quantiser(w).group == 200
