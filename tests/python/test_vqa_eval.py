@@ -453,3 +453,63 @@ def test_cli_reports_dataset_errors(tmp_path, capsys):
                 "--out", str(tmp_path / "r.json")]) == 2
     assert "val_v1.0.json" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# end to end on the tiny random mllama: transformers, and llama-server (the server test's module fixture)
+
+from test_mllama_server import server  # noqa: E402,F401  (the running llama-server fixture)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint() -> Path:
+    from tests.mllama import tiny_model
+
+    return tiny_model.get()
+
+
+def test_transformers_backend_end_to_end(tmp_path, tiny_checkpoint):
+    make_vqav2(tmp_path / "data")
+    out = tmp_path / "vqav2.json"
+    assert cli(["--task", "vqav2", "--data", str(tmp_path / "data"), "--model", str(tiny_checkpoint),
+                "--n", "2", "--out", str(out), "--no-progress"]) == 0
+    res = json.loads(out.read_text())
+    assert res["n"] == 2 and res["backend"] == f"transformers:{tiny_checkpoint}"
+    assert [r["index"] for r in res["examples"]] == subset_indices(3, 2, 625464)
+    for r in res["examples"]:
+        assert isinstance(r["prediction"], str) and r["prediction"]
+        assert r["score"] == scoring.vqa_accuracy(r["prediction"], r["answers"])
+    assert res["score"] == pytest.approx(sum(r["score"] for r in res["examples"]) / 2)
+
+
+def test_model_without_generate_decodes_the_same(tmp_path, tiny_checkpoint):
+    """A plain module (as a fake-quantised student may be) is decoded greedily by full forward passes."""
+    import torch
+
+    from qat.eval.backends import TransformersBackend
+
+    hf = TransformersBackend.from_pretrained(tiny_checkpoint)
+
+    class Plain(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **kw):
+            return self.inner(**kw)
+
+    plain = TransformersBackend(Plain(hf.model), hf.processor)
+    img = put("coffee.png", tmp_path / "coffee.png")
+    assert plain.answer(img, "What is this?", 4) == hf.answer(img, "What is this?", 4)
+
+
+def test_llama_server_end_to_end(tmp_path, server):
+    """One VQAv2 question through llama-server (tiny model, f16, --mmproj); the answer is whatever it is."""
+    out = tmp_path / "vqav2.json"
+    assert cli(["--task", "vqav2", "--data", str(make_vqav2(tmp_path / "data")), "--endpoint", server,
+                "--n", "1", "--out", str(out), "--no-progress"]) == 0
+    res = json.loads(out.read_text())
+    (row,) = res["examples"]
+    assert res["n"] == 1 and res["backend"] == f"openai:{server}/v1/chat/completions"
+    assert isinstance(row["prediction"], str) and row["prediction"]
+    assert res["score"] == row["score"] == scoring.vqa_accuracy(row["prediction"], row["answers"])
