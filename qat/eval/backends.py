@@ -19,13 +19,14 @@ prompt (user text), the backend adds the chat framing and the image.
 
 from __future__ import annotations
 
-import base64
-import mimetypes
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-INSTRUCT_TEMPLATE = ("<|start_header_id|>user<|end_header_id|>\n\n<|image|>{prompt}<|eot_id|>"
-                     "<|start_header_id|>assistant<|end_header_id|>\n\n")
+from qat.generate import _image_base64, _load_rgb
+from qat.prompts import CHAT_TEMPLATE
+
+#: the authors' instruct framing (LM ``utility.LLAMA_PROMPT_TEMPLATES["instruct"]``), the one QAT data uses too
+INSTRUCT_TEMPLATE = CHAT_TEMPLATE
 
 
 @runtime_checkable
@@ -99,10 +100,8 @@ class TransformersBackend:
 
     def answer(self, image_path: Path, prompt: str, max_new_tokens: int) -> str:
         import torch
-        from PIL import Image
 
-        with Image.open(image_path) as im:
-            image = im.convert("RGB")
+        image = _load_rgb(Path(image_path))
         inputs = self.processor(images=[[image]], text=[self.template.format(prompt=prompt)], return_tensors="pt")
         inputs = {k: v.to(self._device()) for k, v in inputs.items()}
         if hasattr(self.model, "generate"):
@@ -118,8 +117,9 @@ class TransformersBackend:
 
 
 def image_data_url(path: Path) -> str:
-    mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    return f"data:{mime};base64," + base64.b64encode(Path(path).read_bytes()).decode()
+    """A ``data:`` URL of the image (PNG/JPEG bytes as they are, other formats re-encoded as PNG)."""
+    mime, data = _image_base64(Path(path))
+    return f"data:{mime};base64,{data}"
 
 
 def chat_completions_url(url: str) -> str:
