@@ -49,6 +49,16 @@ def hf_to_meta_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def meta_layout(hf_name: str, w: Any, *, n_head: int, n_head_kv: int) -> Any:
+    """An HF tensor (numpy array, or torch tensor: QAT applies it to row indices) in llama.cpp's layout: the
+    rows of q/k projections (and biases) reordered by :func:`hf_to_meta_rope_rows`, everything else as is."""
+    if hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+        return hf_to_meta_rope_rows(w, n_head)
+    if hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+        return hf_to_meta_rope_rows(w, n_head_kv)
+    return w
+
+
 def llama3_rope_factors(rope: dict[str, Any], head_dim: int) -> np.ndarray:
     """Per-frequency divisors of Llama 3.1+'s RoPE scaling (``rope_type: llama3``).
 
@@ -180,11 +190,11 @@ class LlamaHfSource:
         return name
 
     def _loader(self, rec: TensorRecord) -> Callable[[], np.ndarray]:
-        if rec.name.endswith(("q_proj.weight", "q_proj.bias")):
-            return lambda: hf_to_meta_rope_rows(rec.load_f32(), self.hp.n_head)
-        if rec.name.endswith(("k_proj.weight", "k_proj.bias")):
-            return lambda: hf_to_meta_rope_rows(rec.load_f32(), self.hp.n_head_kv)
-        return rec.load_f32
+        return lambda: self.layout(rec.name, rec.load_f32())
+
+    def layout(self, hf_name: str, w: np.ndarray) -> np.ndarray:
+        """An HF tensor in llama.cpp's layout (:func:`meta_layout` with this model's head counts)."""
+        return meta_layout(hf_name, w, n_head=self.hp.n_head, n_head_kv=self.hp.n_head_kv)
 
     def tensor_jobs(self) -> list[TensorJob]:
         jobs: list[TensorJob] = []

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable, Final, Sequence
+from typing import Callable, Final, Mapping, Sequence
 
 import numpy as np
 
@@ -134,10 +134,12 @@ def encoded_dtype(qtype: QT) -> np.dtype:
 
 @dataclass(frozen=True)
 class S3D8Options:
-    """Codec options for ``--type s3d8`` (None = the codec's default)."""
+    """Codec options for ``--type s3d8`` (None = the codec's default); ``codebooks``: frozen per-tensor codebooks
+    (GGUF name -> (32, 3) uint8, from a QAT checkpoint) used instead of fitting."""
 
     centroid_rule: str | None = None
     seed: int = 0
+    codebooks: Mapping[str, np.ndarray] | None = None
 
 
 def encode(data: np.ndarray, qtype: QT, *, name: str = "", s3d8: S3D8Options = S3D8Options()) -> np.ndarray:
@@ -153,6 +155,9 @@ def encode(data: np.ndarray, qtype: QT, *, name: str = "", s3d8: S3D8Options = S
             kwargs["centroid_rule"] = s3d8.centroid_rule
         quantise: Callable[..., np.ndarray] = codec.quantize_s3d8
         w = np.ascontiguousarray(data, dtype=np.float32)
+        if s3d8.codebooks is not None and name in s3d8.codebooks:
+            cb = s3d8.codebooks[name]
+            quantise, kwargs = (lambda a, name: codec.quantize_s3d8_with_codebook(a, cb, name=name)), {"name": name}
         try:
             if w.ndim == 2:
                 return quantise(w, **kwargs)

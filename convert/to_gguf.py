@@ -57,6 +57,7 @@ examples:
   %(prog)s path/to/SmolLM2-hf --type f16 -o smollm2-f16.gguf
   %(prog)s path/to/Llama-3.2-1B --type s3d8 --centroid-rule round -o llama-s3d8.gguf
   %(prog)s SmolLM2-135M-Instruct.Q4_1.gguf --type q8_0 -o smollm2-q8_0.gguf
+  %(prog)s path/to/SmolLM2-hf --type s3d8 --qat-checkpoint run/checkpoint.pt -o smollm2-qat-s3d8.gguf
 
 exit status: 0 ok, 2 bad input/options, 130 interrupted (143 on SIGTERM)
 """
@@ -78,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the codec's DEFAULT_CENTROID_RULE)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the S3D8 codebook fit; same seed, same file (default: %(default)s)")
+    p.add_argument("--qat-checkpoint", type=Path, metavar="PATH", default=None,
+                   help="write the trained student of a qat.train checkpoint (its fp32 weights and frozen S3D8 "
+                        "codebooks; MODEL is the teacher's HF directory, for config and tokenizer): the file's "
+                        "dequantised weights equal the student's fake-quantised ones bit for bit")
     p.add_argument("--tokenizer-pre", metavar="NAME", default=None,
                    help="llama.cpp pre-tokenizer name (tokenizer.ggml.pre) when it cannot be detected, "
                         "e.g. llama-bpe or smollm")
@@ -128,8 +133,9 @@ def default_outfile(model: Path, out_type: str) -> Path:
 
 
 def convert(model: Path, outfile: Path, options: ConversionOptions, *, tokenizer_pre: str | None = None,
-            progress: bool = True, dry_run: bool = False) -> ConversionReport:
-    """Library entry point: convert ``model`` to ``outfile`` (atomically) and return the report."""
+            progress: bool = True, dry_run: bool = False, qat_checkpoint: Path | None = None) -> ConversionReport:
+    """Library entry point: convert ``model`` (with the weights of ``qat_checkpoint`` if given) to ``outfile``
+    (atomically) and return the report."""
     if options.out_type == "s3d8" or options.fallback_type == "s3d8":
         from .tensor_types import s3d8_codec
 
@@ -137,6 +143,10 @@ def convert(model: Path, outfile: Path, options: ConversionOptions, *, tokenizer
     if outfile.exists() and outfile.is_dir():
         raise ConvertError(f"{outfile}: is a directory; give a file name with --outfile")
     source = open_source(model, tokenizer_pre=tokenizer_pre)
+    if qat_checkpoint is not None:
+        from .qat_checkpoint import apply_qat_checkpoint
+
+        source, options = apply_qat_checkpoint(source, qat_checkpoint, options)
     return write_gguf(source, outfile, options, progress=progress, dry_run=dry_run)
 
 
@@ -163,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     old = signal.signal(signal.SIGTERM, _on_sigterm) if _in_main_thread() else None
     try:
         report = convert(args.model, outfile, options, tokenizer_pre=args.tokenizer_pre,
-                         progress=not args.no_progress, dry_run=args.dry_run)
+                         progress=not args.no_progress, dry_run=args.dry_run, qat_checkpoint=args.qat_checkpoint)
         print(report.format_table())
         if args.report_json is not None:
             _write_report_json(report, args.report_json)

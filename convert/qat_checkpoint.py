@@ -1,0 +1,81 @@
+"""``--qat-checkpoint``: write a QAT student (``qat.train``) instead of the HF weights, bit-exactly.
+
+The HF directory still provides the configuration and tokenizer; every tensor the checkpoint holds replaces the
+HF one (fp32 master weights, put into llama.cpp's layout by the source's own ``layout``), and every S3D8 matrix is
+encoded with the codebook frozen in the checkpoint (``gguf_s3d8.quantize_s3d8_with_codebook``), so the file's
+dequantised weights equal the student's fake-quantised weights bit for bit. The checkpoint records the type
+each weight was trained for; a conversion that would store a tensor differently (another ``--fallback-type``,
+another ``--type``) is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .common import ConversionOptions, ModelSource, TensorJob
+from .errors import ConvertError
+from .tensor_types import choose_type
+
+
+def read_qat_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint's master weights and weight specs (raises ConvertError for anything else)."""
+    import torch
+
+    if not path.is_file():
+        raise ConvertError(f"{path}: no such QAT checkpoint")
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises assorted types for corrupt files
+        raise ConvertError(f"{path}: cannot read QAT checkpoint ({e})") from e
+    if not isinstance(ck, dict) or ck.get("format") != "s3d8-qat-checkpoint" or "model" not in ck or "specs" not in ck:
+        raise ConvertError(f"{path}: not a QAT checkpoint written by qat.train")
+    return ck
+
+
+def apply_qat_checkpoint(source: ModelSource, path: Path, options: ConversionOptions) -> tuple[ModelSource, ConversionOptions]:
+    """A source whose tensors come from the checkpoint, and options carrying its frozen S3D8 codebooks."""
+    ck = read_qat_checkpoint(path)
+    weights = ck["model"]
+    layout: Callable[[str, np.ndarray], np.ndarray] | None = getattr(source, "layout", None)
+    if layout is None:
+        raise ConvertError(f"--qat-checkpoint needs an HF checkpoint directory of the teacher as MODEL")
+    specs = {s["gguf_name"]: s for s in ck["specs"].values()}
+    jobs: list[TensorJob] = []
+    codebooks: dict[str, np.ndarray] = {}
+    for job in source.tensor_jobs():
+        if job.source not in weights:
+            jobs.append(job)
+            continue
+        w = weights[job.source].detach().float().numpy()
+        if tuple(w.shape) != tuple(job.shape):
+            raise ConvertError(f"{path}: tensor {job.source} has shape {tuple(w.shape)}, the model has {job.shape}")
+        spec = specs.get(job.name)
+        if spec is not None:
+            planned = choose_type(job.name, job.shape, options.out_type, options.fallback_type).qtype.name.lower()
+            if planned != spec["qtype"]:
+                raise ConvertError(f"{path}: {job.name} was trained as {spec['qtype'].upper()} but this conversion "
+                                   f"writes {planned.upper()} (check --type / --fallback-type)")
+            if spec["codebook"] is not None:
+                codebooks[job.name] = spec["codebook"].numpy()
+        jobs.append(TensorJob(job.name, job.shape, (lambda n=job.source, a=w: layout(n, a)), f"{path.name}:{job.source}"))
+    missing = set(specs) - {j.name for j in jobs}
+    if missing:
+        raise ConvertError(f"{path}: trained weights {sorted(missing)} have no place in the model")
+    return _Replaced(source, jobs), replace(options, s3d8=replace(options.s3d8, codebooks=codebooks))
+
+
+class _Replaced:
+    """``source`` with other tensor jobs (metadata unchanged)."""
+
+    def __init__(self, source: ModelSource, jobs: list[TensorJob]) -> None:
+        self._source, self._jobs, self.arch = source, jobs, source.arch
+
+    def tensor_jobs(self) -> list[TensorJob]:
+        return self._jobs
+
+    def add_metadata(self, writer: Any, options: ConversionOptions) -> None:
+        self._source.add_metadata(writer, options)

@@ -1,0 +1,279 @@
+"""The QAT student: an HF Llama whose every Linear and Embedding computes with the weights the GGUF will hold.
+
+Each weight matrix is fake-quantised exactly as ``convert/to_gguf.py --type s3d8`` stores it (type chosen by
+``convert.tensor_types.choose_type``, in llama.cpp's row order, see :func:`convert.llama.meta_layout`):
+
+* **S3D8** where the container can hold the matrix: per-matrix codebook fitted once with
+  ``gguf_s3d8.fit_codebook`` (default centroid rule, ``seed``) at creation and frozen; bf16 absmax row scales
+  recomputed from the current fp32 master every step; values from :func:`qat.s3d8_torch.s3d8_dequantised`.
+* the **fallback type** otherwise (Q8_0, or F16 when k % 32 != 0; ``--fallback-type`` of the converter):
+  :mod:`qat.ggml_torch`, bit-exact with ``gguf.quants``.
+
+The input of every quantised Linear is fake-quantised as llama.cpp's CPU matmul quantises it for that weight
+type: per-token INT8 (format §3) for S3D8, Q8_0 blocks for Q8_0, f16/bf16 rounding for F16/BF16 (so that the
+exported GGUF reproduces the student's forward). Embedding lookups read the dequantised table unquantised.
+
+Gradients are straight-through: d w_hat / d w = identity plus the dynamic-scale path of the reference
+(``alpha = amax / 127`` differentiated at the row's arg-max: ``+ sign(w_max) / 127 * sum_j g_j (q_j - u_j)``
+with ``q = w_hat / alpha``, ``u = w / alpha``); activations pass the gradient through unchanged. Fake-quantised
+weights are cached per parameter version, so gradient-checkpoint recomputation and tied weights do not redo
+the nearest-centroid search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from qat.ggml_torch import f16_round, q8_0_activations, q8_0_dequantised
+from qat.s3d8_torch import fake_quant_activations, s3d8_dequantised
+
+__all__ = ["WeightSpec", "plan_weights", "fake_quant_weight", "quantise_student", "QuantLinear", "QuantEmbedding",
+           "student_specs"]
+
+WEIGHT_TYPES = ("s3d8", "q8_0", "f16", "bf16", "f32")
+
+
+@dataclass
+class WeightSpec:
+    """How one HF weight is stored in the GGUF: type, llama.cpp row permutation and frozen S3D8 codebook."""
+
+    hf_name: str
+    gguf_name: str
+    qtype: str                      # one of WEIGHT_TYPES
+    perm: torch.Tensor | None       # GGUF row r = HF row perm[r] (q/k RoPE layout), None = identity
+    codebook: torch.Tensor | None   # (32, 3) uint8 for S3D8
+
+    def state(self) -> dict[str, Any]:
+        return {"hf_name": self.hf_name, "gguf_name": self.gguf_name, "qtype": self.qtype,
+                "perm": self.perm, "codebook": self.codebook}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> "WeightSpec":
+        return cls(**d)
+
+
+# ---------------------------------------------------------------------------------------------------
+# planning: which type, which layout, which codebook
+
+
+def plan_weights(model: nn.Module, *, fallback_type: str = "q8_0", centroid_rule: str | None = None,
+                 seed: int = 0, progress: bool = False) -> dict[str, WeightSpec]:
+    """A :class:`WeightSpec` per Linear/Embedding weight of an HF Llama (keyed by HF parameter name).
+
+    Tied weights (``lm_head.weight`` sharing ``model.embed_tokens.weight``) get one spec, under the name the
+    checkpoint stores (the embedding), exactly as the converter writes only ``token_embd``.
+    """
+    import gguf
+    import gguf_s3d8
+
+    from convert.llama import meta_layout
+    from convert.tensor_types import choose_type
+
+    cfg = model.config
+    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
+    n_head, n_head_kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
+    rule = centroid_rule or gguf_s3d8.DEFAULT_CENTROID_RULE
+    seen: dict[int, str] = {}
+    specs: dict[str, WeightSpec] = {}
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+    from tqdm import tqdm
+
+    for mod_name, mod in tqdm(mods, desc="Fitting codebooks", disable=not progress, leave=False):
+        hf_name = f"{mod_name}.weight"
+        if id(mod.weight) in seen:
+            continue
+        seen[id(mod.weight)] = hf_name
+        gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight",))
+        if gguf_name is None:
+            raise ValueError(f"cannot map {hf_name!r} to a llama GGUF tensor name")
+        w = mod.weight.detach().to(torch.float32)
+        n = w.shape[0]
+        perm_np = meta_layout(hf_name, np.arange(n), n_head=n_head, n_head_kv=n_head_kv)
+        perm = None if np.array_equal(perm_np, np.arange(n)) else torch.from_numpy(np.ascontiguousarray(perm_np))
+        choice = choose_type(gguf_name, tuple(w.shape), "s3d8", fallback_type)
+        qtype = choice.qtype.name.lower()
+        codebook = None
+        if qtype == "s3d8":
+            w_gguf = (w if perm is None else w[perm]).numpy()
+            codebook = torch.from_numpy(gguf_s3d8.fit_codebook(w_gguf, centroid_rule=rule, seed=seed, name=gguf_name))
+        specs[hf_name] = WeightSpec(hf_name, gguf_name, qtype, perm, codebook)
+    return specs
+
+
+# ---------------------------------------------------------------------------------------------------
+# fake quantisation with straight-through gradients
+
+
+def _dequantised(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
+    """The GGUF's dequantised value of the fp32 master ``w`` (HF row order)."""
+    w = w.detach().to(torch.float32)
+    g = w if spec.perm is None else w[spec.perm]
+    if spec.qtype == "s3d8":
+        assert spec.codebook is not None
+        h = s3d8_dequantised(g, spec.codebook)
+    elif spec.qtype == "q8_0":
+        h = q8_0_dequantised(g)
+    elif spec.qtype == "f16":
+        h = f16_round(g)
+    elif spec.qtype == "bf16":
+        from qat.formats import bf16_rne
+
+        h = bf16_rne(g)
+    elif spec.qtype == "f32":
+        h = g
+    else:
+        raise ValueError(f"{spec.hf_name}: unknown weight type {spec.qtype!r}")
+    if spec.perm is None:
+        return h
+    out = torch.empty_like(h)
+    out[spec.perm] = h
+    return out
+
+
+def _scale_block(spec: WeightSpec, k: int) -> int | None:
+    """Elements per dynamic scale along a row (S3D8: the row, Q8_0: 32), None for unscaled types."""
+    return {"s3d8": k, "q8_0": 32}.get(spec.qtype)
+
+
+class _FakeQuantWeight(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, w: torch.Tensor, w_hat: torch.Tensor, block: int | None) -> torch.Tensor:  # type: ignore[override]
+        ctx.block = block
+        if block is not None:
+            ctx.save_for_backward(w, w_hat)
+        return w_hat.view_as(w_hat)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        if ctx.block is None:
+            return g, None, None
+        w, w_hat = ctx.saved_tensors
+        b = w.detach().reshape(-1, ctx.block)
+        amax, arg = b.abs().max(dim=1)
+        alpha = amax / 127
+        ok = alpha > 0
+        gb = g.reshape(-1, ctx.block)
+        # d w_hat / d alpha = q - u = (w_hat - w) / alpha; d alpha / d w[arg] = sign(w[arg]) / 127
+        s = (gb * (w_hat.reshape(-1, ctx.block) - b)).sum(dim=1) / torch.where(ok, alpha, torch.ones_like(alpha))
+        extra = torch.where(ok, s, torch.zeros_like(s)) * torch.sign(b.gather(1, arg[:, None])[:, 0]) / 127
+        out = gb.clone()
+        out.scatter_add_(1, arg[:, None], extra[:, None])
+        return out.reshape(g.shape), None, None
+
+
+class _STE(torch.autograd.Function):
+    """Forward: the given value; backward: the gradient unchanged (activations)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x_hat
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return g, None
+
+
+class _WeightCache:
+    """Dequantised weights keyed by parameter identity and version (in-place optimiser steps bump it)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[int, torch.Tensor]] = {}
+
+    def get(self, w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
+        key, version = id(w), w._version
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        value = _dequantised(w, spec)
+        self._entries[key] = (version, value)
+        return value
+
+
+_CACHE = _WeightCache()
+
+
+def fake_quant_weight(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
+    """The dequantised GGUF value of ``w`` (forward) with the straight-through gradient (backward)."""
+    return _FakeQuantWeight.apply(w, _CACHE.get(w, spec), _scale_block(spec, w.shape[-1]))
+
+
+def _activation_quantiser(qtype: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    if qtype == "s3d8":
+        return fake_quant_activations
+    if qtype == "q8_0":
+        return q8_0_activations
+    if qtype == "f16":
+        return f16_round
+    if qtype == "bf16":
+        from qat.formats import bf16_rne
+
+        return bf16_rne
+    return None
+
+
+class QuantLinear(nn.Module):
+    """``y = act_q(x) @ fake_quant(W)^T (+ b)``; shares the original module's Parameters (ties survive)."""
+
+    def __init__(self, base: nn.Linear, spec: WeightSpec, act_quant: bool = True) -> None:
+        super().__init__()
+        self.weight = base.weight
+        self.bias = base.bias
+        self.spec = spec
+        self.act = _activation_quantiser(spec.qtype) if act_quant else None
+        self.in_features, self.out_features = base.in_features, base.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act is not None:
+            x = _STE.apply(x, self.act(x))
+        return F.linear(x, fake_quant_weight(self.weight, self.spec), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, {self.spec.qtype} ({self.spec.gguf_name})"
+
+
+class QuantEmbedding(nn.Module):
+    """Embedding lookup in the fake-quantised table (llama.cpp's GET_ROWS dequantises the stored rows)."""
+
+    def __init__(self, base: nn.Embedding, spec: WeightSpec) -> None:
+        super().__init__()
+        self.weight = base.weight
+        self.padding_idx = base.padding_idx
+        self.spec = spec
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, fake_quant_weight(self.weight, self.spec), self.padding_idx)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, {self.spec.qtype} ({self.spec.gguf_name})"
+
+
+def quantise_student(model: nn.Module, specs: dict[str, WeightSpec], *, act_quant: bool = True) -> nn.Module:
+    """Replace every Linear/Embedding of ``model`` (in place) by its fake-quantised version; returns it."""
+    by_param = {}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for spec in specs.values():
+        by_param[id(params[spec.hf_name])] = spec
+    for mod_name, mod in list(model.named_modules()):
+        for child_name, child in list(mod.named_children()):
+            if isinstance(child, (nn.Linear, nn.Embedding)):
+                spec = by_param.get(id(child.weight))
+                if spec is None:
+                    raise ValueError(f"no weight spec for {mod_name}.{child_name}")
+                new = QuantLinear(child, spec, act_quant) if isinstance(child, nn.Linear) else QuantEmbedding(child, spec)
+                setattr(mod, child_name, new)
+    return model
+
+
+def student_specs(model: nn.Module) -> dict[str, WeightSpec]:
+    """The specs of a quantised student (one per distinct weight)."""
+    out: dict[str, WeightSpec] = {}
+    for m in model.modules():
+        if isinstance(m, (QuantLinear, QuantEmbedding)):
+            out[m.spec.hf_name] = m.spec
+    return out

@@ -1,0 +1,398 @@
+"""Self-distillation QAT of an HF Llama to S3D8 (reference recipe §4), on CPU or under ``torchrun``.
+
+``python -m qat.train --help`` explains every option. The student (:mod:`qat.student`) computes with exactly
+the weights and activation quantisation the exported GGUF (``convert/to_gguf.py --type s3d8 --qat-checkpoint``)
+will use; the loss is the forward KL(teacher || student) over the full vocabulary at the positions that predict
+response tokens, summed and divided by the number of such tokens in the global batch. AdamW (0.9, 0.95, no
+weight decay), cosine schedule without warm-up, no gradient clipping; every parameter is trained, in fp32.
+
+Determinism: the global batch of step s is a pure function of (seed, s) (a seeded permutation per epoch), so a
+run resumed from a checkpoint continues with the same batches; on CPU the loss curve of a resumed run equals
+the uninterrupted one bit for bit. Under ``torchrun`` each rank takes a contiguous slice of the global batch
+(DDP; gloo on CPU, nccl on GPUs) and its loss is scaled by the world size so that DDP's gradient average equals
+the single-process gradient of the global batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_FORMAT = "s3d8-qat-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+class TrainError(Exception):
+    """A user-facing error (bad option, unusable data or checkpoint): printed as one line, exit status 2."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# data
+
+
+@dataclass(frozen=True)
+class Example:
+    """Token ids of prompt + response (truncated to the sequence length) and the positions the loss uses."""
+
+    ids: list[int]
+    first_loss_pos: int  # positions first_loss_pos .. len(ids) - 2 predict response tokens
+
+
+def tokenise_samples(samples: Sequence[Any], tokenizer: Any, seq_len: int) -> list[Example]:
+    """Training examples of ``qat.data.Sample`` s: ``prompt_text + response`` (+ EOS when the teacher stopped).
+
+    Prompt and response are tokenised separately (``add_special_tokens=False``), so the boundary is exact; the
+    loss positions are those whose next token is a response token. Samples whose prompt leaves no response
+    token within ``seq_len`` are dropped.
+    """
+    out: list[Example] = []
+    for s in samples:
+        if s.image is not None:
+            raise TrainError(f"sample {s.id} has an image; qat.train handles text-only data")
+        p = tokenizer(s.prompt_text, add_special_tokens=False)["input_ids"]
+        r = tokenizer(s.response, add_special_tokens=False)["input_ids"]
+        if s.finish_reason == "stop" and tokenizer.eos_token_id is not None:
+            r = r + [tokenizer.eos_token_id]
+        ids = (p + r)[:seq_len]
+        if len(p) >= 1 and len(ids) > len(p):
+            out.append(Example(ids, len(p) - 1))
+    return out
+
+
+def batch_indices(step: int, batch: int, n: int, seed: int) -> list[int]:
+    """Dataset indices of the global batch of ``step``: consecutive slots of seeded per-epoch permutations."""
+    out = []
+    for g in range(step * batch, (step + 1) * batch):
+        epoch, i = divmod(g, n)
+        out.append(int(np.random.default_rng([seed, epoch]).permutation(n)[i]))
+    return out
+
+
+def collate(examples: Sequence[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask`` and the boolean loss mask (B, T)."""
+    t = max(len(e.ids) for e in examples)
+    ids = torch.full((len(examples), t), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(examples), t), dtype=torch.long)
+    mask = torch.zeros((len(examples), t), dtype=torch.bool)
+    for b, e in enumerate(examples):
+        ids[b, : len(e.ids)] = torch.tensor(e.ids)
+        attn[b, : len(e.ids)] = 1
+        mask[b, e.first_loss_pos: len(e.ids) - 1] = True
+    return ids, attn, mask
+
+
+def n_loss_tokens(examples: Sequence[Example]) -> int:
+    return sum(len(e.ids) - 1 - e.first_loss_pos for e in examples)
+
+
+# ---------------------------------------------------------------------------------------------------
+# model
+
+
+class SelectedLogits(nn.Module):
+    """Logits of a causal LM at the masked positions only (the LM head is the costly part at 49k vocab)."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.lm.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.lm.lm_head(hidden[mask])
+
+
+def kl_sum(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
+    """Sum over rows of KL(p_T || p_S) = sum_v p_T (log p_T - log p_S), full vocabulary, fp32."""
+    lt = F.log_softmax(teacher_logits.float(), dim=-1)
+    ls = F.log_softmax(student_logits.float(), dim=-1)
+    return (lt.exp() * (lt - ls)).sum()
+
+
+def load_teacher(path: Path) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    if not (path / "config.json").is_file():
+        raise TrainError(f"{path}: not an HF checkpoint directory (config.json missing)")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if model.config.model_type != "llama":
+        raise TrainError(f"{path}: model_type {model.config.model_type!r}; qat.train supports llama")
+    model.eval().requires_grad_(False)
+    return model
+
+
+def build_student(teacher_dir: Path, *, specs_state: dict[str, Any] | None = None, fallback_type: str = "q8_0",
+                  centroid_rule: str | None = None, seed: int = 0, act_quant: bool = True,
+                  progress: bool = False) -> nn.Module:
+    """A fresh fp32 copy of the teacher with every Linear/Embedding fake-quantised.
+
+    Codebooks are fitted here (once) unless ``specs_state`` (from a checkpoint) provides them.
+    """
+    from qat.student import WeightSpec, plan_weights, quantise_student
+
+    model = load_teacher(teacher_dir)
+    model.requires_grad_(True)
+    if specs_state is None:
+        specs = plan_weights(model, fallback_type=fallback_type, centroid_rule=centroid_rule, seed=seed,
+                             progress=progress)
+    else:
+        specs = {k: WeightSpec.from_state(v) for k, v in specs_state.items()}
+    return quantise_student(model, specs, act_quant=act_quant)
+
+
+# ---------------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """torch.save into a temporary file next to ``path``, fsync, then rename: never a half-written file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """A QAT checkpoint written by :func:`save_checkpoint` (raises TrainError if it is not one)."""
+    if not path.is_file():
+        raise TrainError(f"{path}: no such checkpoint")
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises assorted types for corrupt files
+        raise TrainError(f"{path}: cannot read checkpoint ({e})") from e
+    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
+        raise TrainError(f"{path}: not a QAT checkpoint (format {ck.get('format') if isinstance(ck, dict) else None!r})")
+    if ck.get("version") != CHECKPOINT_VERSION:
+        raise TrainError(f"{path}: checkpoint version {ck.get('version')} (expected {CHECKPOINT_VERSION})")
+    return ck
+
+
+def student_from_checkpoint(path: Path, teacher_dir: Path | None = None, *, act_quant: bool = True) -> nn.Module:
+    """The student of a checkpoint (frozen codebooks, master weights), e.g. for evaluation."""
+    ck = load_checkpoint(path)
+    student = build_student(Path(teacher_dir or ck["teacher"]), specs_state=ck["specs"], act_quant=act_quant)
+    student.load_state_dict(ck["model"])
+    return student
+
+
+# ---------------------------------------------------------------------------------------------------
+# training loop
+
+
+def default_lr(bits: float) -> float:
+    """The recipe's learning rate for a b-bit format: 2^-(b + 14) (S3D8, b = 3: 2^-17)."""
+    return 2.0 ** -(bits + 14)
+
+
+def _dist() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend)
+    rank = torch.distributed.get_rank() if world > 1 else 0
+    return rank, world
+
+
+def train(args: argparse.Namespace) -> list[float]:
+    """Run (or resume) training as ``args`` says; returns the loss of every step done so far."""
+    torch.set_num_threads(args.threads)
+    rank, world = _dist()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if torch.cuda.is_available() else torch.device("cpu")
+    if args.batch % world:
+        raise TrainError(f"--batch {args.batch} is not divisible by the number of ranks ({world})")
+    local = args.batch // world
+    micro = args.micro_batch or local
+    if local % micro:
+        raise TrainError(f"per-rank batch {local} is not divisible by --micro-batch {micro}")
+    out_dir: Path = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ck_path = out_dir / CHECKPOINT_NAME
+
+    from transformers import AutoTokenizer, get_scheduler
+
+    from qat.data import read_samples
+
+    tokenizer = AutoTokenizer.from_pretrained(args.teacher)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if not args.data.is_file():
+        raise TrainError(f"{args.data}: no such data file")
+    examples = tokenise_samples(read_samples(args.data), tokenizer, args.seq_len)
+    if not examples:
+        raise TrainError(f"{args.data}: no sample has a response token within --seq-len {args.seq_len}")
+
+    resume = args.resume and ck_path.is_file()
+    ck = load_checkpoint(ck_path) if resume else None
+    if ck is not None and ck["steps"] != args.steps:
+        raise TrainError(f"{ck_path}: written for --steps {ck['steps']}, not {args.steps} (the schedule depends on it)")
+    progress = not args.no_progress and rank == 0
+    student = build_student(args.teacher, specs_state=ck["specs"] if ck else None, fallback_type=args.fallback_type,
+                            centroid_rule=args.centroid_rule, seed=args.seed, act_quant=not args.no_act_quant,
+                            progress=progress)
+    if ck is not None:
+        student.load_state_dict(ck["model"])
+    teacher = load_teacher(args.teacher)
+    student.to(device)
+    teacher.to(device)
+    if args.grad_checkpointing:
+        student.gradient_checkpointing_enable(  # noqa: deprecated alias kept by transformers 5
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    student.train()
+    net: nn.Module = SelectedLogits(student)
+    if world > 1:
+        net = nn.parallel.DistributedDataParallel(net)
+    teacher_net = SelectedLogits(teacher)
+
+    lr = args.lr if args.lr is not None else default_lr(args.lr_bits)
+    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95),
+                            weight_decay=0.0)
+    sched = get_scheduler("cosine", opt, num_warmup_steps=0, num_training_steps=args.steps)
+    losses: list[float] = []
+    step = 0
+    if ck is not None:
+        opt.load_state_dict(ck["optimizer"])
+        sched.load_state_dict(ck["scheduler"])
+        losses, step = list(ck["losses"]), int(ck["step"])
+
+    def state() -> dict[str, Any]:
+        from qat.student import student_specs
+
+        return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "teacher": str(Path(args.teacher).resolve()),
+                "step": step, "steps": args.steps, "losses": losses, "lr": lr,
+                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "specs": {k: s.state() for k, s in student_specs(student).items()},
+                "model": student.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
+
+    stop_at = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
+    from tqdm import tqdm
+
+    bar = tqdm(total=args.steps, initial=step, desc="QAT", unit="step", disable=not progress, file=sys.stderr,
+               dynamic_ncols=True)
+    t0 = time.time()
+    while step < stop_at:
+        idx = batch_indices(step, args.batch, len(examples), args.seed)
+        n_tok = n_loss_tokens([examples[i] for i in idx])
+        mine = idx[rank * local:(rank + 1) * local]
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        for m0 in range(0, local, micro):
+            ids, attn, mask = (t.to(device) for t in collate([examples[i] for i in mine[m0:m0 + micro]], pad_id))
+            with torch.no_grad():
+                t_logits = teacher_net(ids, attn, mask)
+            last = m0 + micro >= local
+            ctx = net.no_sync() if world > 1 and not last else nullcontext()
+            with ctx:
+                s = kl_sum(t_logits, net(ids, attn, mask))
+                (s * (world / n_tok)).backward()
+            total += s.detach().double()
+        if world > 1:
+            torch.distributed.all_reduce(total)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        losses.append(float(total) / n_tok)
+        if not math.isfinite(losses[-1]):
+            raise TrainError(f"step {step}: loss is {losses[-1]}")
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{sched.get_last_lr()[0]:.3g}")
+        bar.update(1)
+        if rank == 0 and (step % args.save_every == 0 or step == stop_at):
+            save_checkpoint(ck_path, state())
+    bar.close()
+    if rank == 0:
+        _write_json(out_dir / "losses.json", {"steps_done": step, "steps": args.steps, "lr": lr,
+                                              "seconds_this_run": time.time() - t0, "losses": losses})
+    if world > 1:
+        torch.distributed.barrier()
+    return losses
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m qat.train", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0] + "\n\n" + "\n\n".join(__doc__.split("\n\n")[1:]),
+        epilog="example:\n  python -m qat.train --teacher .cache/models/SmolLM2-135M-Instruct-hf --data gen.jsonl "
+               "--out .cache/qat/run1 --steps 300 --batch 4 --seq-len 256\n"
+               "  torchrun --nproc_per_node 2 -m qat.train ... (same options; --batch is the global batch)\n"
+               "exit status: 0 ok, 2 bad input/options, 130 interrupted (the last checkpoint is intact)")
+    p.add_argument("--teacher", type=Path, required=True, metavar="DIR",
+                   help="HF checkpoint directory of the teacher (LlamaForCausalLM); the student starts as its copy")
+    p.add_argument("--data", type=Path, required=True, metavar="JSONL",
+                   help="synthetic samples (qat.data schema, e.g. from python -m qat.generate --text-only)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help=f"run folder: {CHECKPOINT_NAME} (model, codebooks, optimiser, schedule, losses) and losses.json")
+    p.add_argument("--steps", type=int, default=300, help="optimiser steps of the whole run (cosine schedule length; default %(default)s)")
+    p.add_argument("--batch", type=int, default=4, help="global batch in sequences, split across ranks (default %(default)s)")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="sequences per forward/backward on a rank; gradients are accumulated (default: the per-rank batch)")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence, prompt included; longer ones are cut (default %(default)s)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 2^-(LR_BITS + 14))")
+    p.add_argument("--lr-bits", type=float, default=3.0, help="bits b of the format in the default lr 2^-(b+14) (default %(default)s: 2^-17)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the codebook fit and the batch order (default %(default)s)")
+    p.add_argument("--fallback-type", choices=("q8_0", "f16", "bf16", "f32"), default="q8_0",
+                   help="type of the matrices S3D8 cannot hold; must match the converter's --fallback-type (default %(default)s)")
+    p.add_argument("--centroid-rule", choices=("round", "trunc"), default=None,
+                   help="S3D8 centroid rule of the codebook fit (default: the codec's)")
+    p.add_argument("--no-act-quant", action="store_true", help="keep activations in fp32 (ablation; the GGUF will not match)")
+    p.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                   help="recompute decoder layers in the backward pass (default: on)")
+    p.add_argument("--save-every", type=int, default=50, help="write the checkpoint every N steps and at the end (default %(default)s)")
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help=f"continue from OUT/{CHECKPOINT_NAME} when it exists (default: on)")
+    p.add_argument("--stop-after", type=int, default=None, metavar="N",
+                   help="stop (checkpointed) after N steps of this invocation, keeping the full schedule")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads per process (default %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("steps", "batch", "seq_len", "save_every", "threads"):
+        if getattr(args, name) < 1:
+            print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
+            return 2
+    try:
+        train(args)
+        return 0
+    except (TrainError, OSError, ValueError) as e:
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: the last checkpoint is intact; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
