@@ -129,21 +129,21 @@ def list_images(folder: Path | None) -> list[Path]:
     return [p.resolve() for p in paths]
 
 
-def _load_rgb(path: Path):
+def load_rgb(path: Path):
     from PIL import Image
 
     with Image.open(path) as im:
         return im.convert("RGB")
 
 
-def _image_base64(path: Path) -> tuple[str, str]:
+def image_base64(path: Path) -> tuple[str, str]:
     """(mime type, base64 data); PNG and JPEG are sent as they are, anything else re-encoded as PNG."""
     suffix = path.suffix.lower()
     if suffix in (".png", ".jpg", ".jpeg"):
         mime, data = ("image/png" if suffix == ".png" else "image/jpeg"), path.read_bytes()
     else:
         buf = io.BytesIO()
-        _load_rgb(path).save(buf, format="PNG")
+        load_rgb(path).save(buf, format="PNG")
         mime, data = "image/png", buf.getvalue()
     return mime, base64.b64encode(data).decode("ascii")
 
@@ -247,7 +247,7 @@ class TransformersTeacher:
 
     def _inputs(self, job: Job):
         if self.processor is not None and job.image is not None:
-            return self.processor(images=[[_load_rgb(job.image)]], text=[job.prompt_text], add_special_tokens=False,
+            return self.processor(images=[[load_rgb(job.image)]], text=[job.prompt_text], add_special_tokens=False,
                                   return_tensors="pt")
         return self.tokenizer(job.prompt_text, add_special_tokens=False, return_tensors="pt")
 
@@ -327,7 +327,7 @@ class EndpointTeacher:
             if job.image is None:
                 content: str | list = job.prompt
             else:
-                mime, b64 = _image_base64(job.image)
+                mime, b64 = image_base64(job.image)
                 content = [{"type": "image_url", "image_url": {"url": f"data:{mime};base64,{b64}"}},
                            {"type": "text", "text": job.prompt}]
             choice = self._post("/chat/completions", {**common, "messages": [{"role": "user", "content": content}]})
@@ -337,7 +337,7 @@ class EndpointTeacher:
             prompt: str | dict = self._strip_bos(job.prompt_text)
             if job.image is not None:
                 prompt = {"prompt_string": prompt.replace("<|image|>", MEDIA_MARKER, 1),
-                          "multimodal_data": [_image_base64(job.image)[1]]}
+                          "multimodal_data": [image_base64(job.image)[1]]}
             choice = self._post("/completions", {**common, "prompt": prompt})["choices"][0]
             text = choice["text"]
         return text, "length" if choice.get("finish_reason") == "length" else "stop"

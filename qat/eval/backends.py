@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from qat.generate import _image_base64, _load_rgb
+from qat.generate import image_base64, load_rgb
 from qat.prompts import CHAT_TEMPLATE
 
 #: the authors' instruct framing (LM ``utility.LLAMA_PROMPT_TEMPLATES["instruct"]``), the one QAT data uses too
@@ -101,7 +101,7 @@ class TransformersBackend:
     def answer(self, image_path: Path, prompt: str, max_new_tokens: int) -> str:
         import torch
 
-        image = _load_rgb(Path(image_path))
+        image = load_rgb(Path(image_path))
         inputs = self.processor(images=[[image]], text=[self.template.format(prompt=prompt)], return_tensors="pt")
         inputs = {k: v.to(self._device()) for k, v in inputs.items()}
         if hasattr(self.model, "generate"):
@@ -118,7 +118,7 @@ class TransformersBackend:
 
 def image_data_url(path: Path) -> str:
     """A ``data:`` URL of the image (PNG/JPEG bytes as they are, other formats re-encoded as PNG)."""
-    mime, data = _image_base64(Path(path))
+    mime, data = image_base64(Path(path))
     return f"data:{mime};base64,{data}"
 
 
