@@ -1,0 +1,109 @@
+"""Proof on real weights: direct-cast S3D8 vs QAT S3D8 of SmolLM2-135M-Instruct (issue 6, item 4).
+
+1. Data: text-only self-generated samples (``python -m qat.generate --text-only``), given as ``--data``.
+2. Direct cast: the student at step 0 (the converter's ``--type s3d8`` GGUF, bit for bit).
+3. QAT: ``qat.train`` for ``--steps`` steps on that data.
+4. Evaluation with ``qat.text_eval.evaluate`` (lockstep teacher) on held-out Wikipedia text
+   (``convert.assets.wiki_text('eval')``, never trained on): KL(teacher || student) per token and perplexity.
+
+Writes ``--json`` (results, losses, settings) and ``--plot`` (loss curve, KL and perplexity bars).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from qat.train import build_student, main as train_main, student_from_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _evaluate(model: torch.nn.Module, teacher: torch.nn.Module, windows: torch.Tensor) -> dict[str, float]:
+    from qat.text_eval import evaluate
+
+    t0 = time.time()
+    r = evaluate(model, teacher, windows=windows).to_dict()
+    r["seconds"] = time.time() - t0
+    return r
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
+    losses = result["losses"]
+    ax[0].plot(range(1, len(losses) + 1), losses, lw=1)
+    ax[0].set(xlabel="step", ylabel="train KL (nats/token)", title="QAT loss (synthetic data)")
+    names = ["direct cast", "QAT"]
+    ax[1].bar(names, [result["direct_cast"]["kl"], result["qat"]["kl"]], color=["tab:red", "tab:green"])
+    ax[1].set(ylabel="KL to teacher (nats/token)", title="held-out wiki KL")
+    ax[2].bar(["teacher"] + names, [result["direct_cast"]["ppl_teacher"], result["direct_cast"]["ppl"],
+                                    result["qat"]["ppl"]], color=["tab:blue", "tab:red", "tab:green"])
+    ax[2].set(ylabel="perplexity", title="held-out wiki perplexity")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    from convert.assets import smollm2_hf_dir, wiki_text
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, required=True, help="JSONL from python -m qat.generate --text-only")
+    p.add_argument("--run", type=Path, default=REPO / ".cache" / "qat-smollm2" / "run", help="training run folder")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--lr", type=float, default=None, help="default: qat.train's 2^-17")
+    p.add_argument("--eval-ctx", type=int, default=256)
+    p.add_argument("--eval-tokens", type=int, default=4096)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", type=Path, default=REPO / "qat" / "experiments" / "smollm2_qat.json")
+    p.add_argument("--plot", type=Path, default=REPO / "docs" / "qat.png")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    from transformers import AutoTokenizer
+
+    from qat.data import read_samples
+    from qat.text_eval import token_windows
+    from qat.train import load_teacher
+
+    teacher_dir = smollm2_hf_dir()
+    tok = AutoTokenizer.from_pretrained(teacher_dir)
+    windows = token_windows(tok, wiki_text("eval"), ctx=a.eval_ctx, max_tokens=a.eval_tokens)
+    teacher = load_teacher(teacher_dir)
+    result: dict = {"model": "SmolLM2-135M-Instruct", "n_samples": len(read_samples(a.data)),
+                    "settings": {k: str(v) for k, v in vars(a).items()}}
+    direct = build_student(teacher_dir)
+    result["direct_cast"] = _evaluate(direct, teacher, windows)
+    print("direct cast:", result["direct_cast"], flush=True)
+    del direct
+    args = ["--teacher", str(teacher_dir), "--data", str(a.data), "--out", str(a.run), "--steps", str(a.steps),
+            "--batch", str(a.batch), "--seq-len", str(a.seq_len), "--threads", str(a.threads), "--save-every", "10"]
+    if a.lr is not None:
+        args += ["--lr", str(a.lr)]
+    t0 = time.time()
+    if train_main(args) != 0:
+        return 2
+    result["train_seconds_last_invocation"] = time.time() - t0
+    ck = a.run / "checkpoint.pt"
+    from qat.train import load_checkpoint
+
+    info = load_checkpoint(ck)
+    result["losses"], result["lr"], result["steps"] = info["losses"], info["lr"], info["step"]
+    result["qat"] = _evaluate(student_from_checkpoint(ck, teacher_dir), teacher, windows)
+    print("qat:", result["qat"], flush=True)
+    a.json.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
