@@ -22,6 +22,7 @@ the nearest-centroid search.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -180,19 +181,28 @@ class _STE(torch.autograd.Function):
 
 
 class _WeightCache:
-    """Dequantised weights keyed by parameter identity and version (in-place optimiser steps bump it)."""
+    """Dequantised weights keyed by parameter identity and version (in-place optimiser steps bump it).
+
+    Entries hold a weak reference to their parameter and are checked against it, so a new parameter that
+    reuses a freed one's ``id`` never sees a stale value; entries of freed parameters are dropped.
+    """
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[int, torch.Tensor]] = {}
+        self._entries: dict[int, tuple[weakref.ref, int, WeightSpec, torch.Tensor]] = {}
 
     def get(self, w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
         key, version = id(w), w._version
         hit = self._entries.get(key)
-        if hit is not None and hit[0] == version:
-            return hit[1]
+        if hit is not None and hit[0]() is w and hit[1] == version and hit[2] is spec:
+            return hit[3]
         value = _dequantised(w, spec)
-        self._entries[key] = (version, value)
+        self._entries[key] = (weakref.ref(w, lambda _r, k=key: self._drop(k, _r)), version, spec, value)
         return value
+
+    def _drop(self, key: int, ref: weakref.ref) -> None:
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] is ref:
+            del self._entries[key]
 
 
 _CACHE = _WeightCache()
