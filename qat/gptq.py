@@ -252,14 +252,17 @@ class ModelQuantReport:
 def quantise_model(model: torch.nn.Module, fmt: WeightFormat, *, method: Literal["gptq", "direct"] = "gptq",
                    hessians: dict[str, HessianCollector] | None = None, cfg: GPTQConfig = GPTQConfig(),
                    include: Callable[[str, torch.nn.Module], bool] = lambda name, mod: True,
-                   progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None) -> ModelQuantReport:
+                   progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+                   quantisers: dict[str, GroupQuantiser] | None = None) -> ModelQuantReport:
     """Quantise (in place) every ``nn.Linear`` and ``nn.Embedding`` weight of ``model`` with ``fmt``.
 
     ``method="gptq"`` needs ``hessians`` (from :func:`collect_hessians`); Linears whose collector saw no
     data fall back to a direct cast (listed in the report). Embeddings are direct-cast unless their weight
     is the same tensor as a quantised Linear's (tied lm_head): then they already hold its quantised values.
     ``include(name, module)`` restricts the scope. Weights are quantised in float32 and written back in
-    the parameter's dtype.
+    the parameter's dtype. ``quantisers``: a dict (by module name) of already fitted quantisers to reuse
+    and fill - the fit depends only on the original weight, so a direct cast and GPTQ of the same format
+    can share it (S3D8's codebook fit is the slow part).
     """
     if method == "gptq" and hessians is None:
         raise ValueError("method='gptq' needs hessians")
@@ -274,7 +277,12 @@ def quantise_model(model: torch.nn.Module, fmt: WeightFormat, *, method: Literal
             continue
         done.add(id(p))
         w = p.detach().to(torch.float32)
-        quantiser = fmt.quantiser(w)
+        if quantisers is not None and name in quantisers:
+            quantiser = quantisers[name]
+        else:
+            quantiser = fmt.quantiser(w)
+            if quantisers is not None:
+                quantisers[name] = quantiser
         coll = hessians.get(name) if hessians is not None else None
         if method == "gptq" and isinstance(mod, torch.nn.Linear) and coll is not None and coll.n > 0:
             q, stats = gptq_quantise(w, coll.hessian(), quantiser, cfg)

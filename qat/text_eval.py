@@ -46,6 +46,7 @@ Typical use::
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -66,6 +67,7 @@ __all__ = [
     "model_fingerprint",
     "evaluate",
     "perplexity",
+    "atomic_write",
 ]
 
 
@@ -211,7 +213,7 @@ class TeacherCache:
                 del mm
                 _atomic_save_npy(nll_path, nll)
                 os.replace(tmp_logp, logp_path)
-                _atomic_write_text(meta_path, json.dumps({"version": cls.VERSION, "n": n, "ctx": ctx,
+                atomic_write(meta_path, json.dumps({"version": cls.VERSION, "n": n, "ctx": ctx,
                                                           "vocab": vocab}))
             finally:
                 if tmp_logp.exists():
@@ -311,11 +313,14 @@ def _progress(it: Sequence[int] | range, enabled: bool, desc: str) -> Iterator[i
     return iter(tqdm(it, desc=desc, leave=False))
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Write a file atomically (temporary sibling, then rename); creates the parent folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -323,11 +328,6 @@ def _atomic_write_text(path: Path, text: str) -> None:
 
 
 def _atomic_save_npy(path: Path, arr: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npy")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, arr)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    atomic_write(path, buf.getvalue())

