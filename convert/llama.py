@@ -15,7 +15,6 @@ What a llama GGUF needs beyond renaming tensors:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 import gguf
 
 from .common import ConversionOptions, TensorJob, add_general_metadata
-from .errors import ConvertError
+from .errors import ConvertError, read_json
 from .registry import register_hf_architecture
 from .safetensors_io import TensorRecord, iter_checkpoint
 from .tensor_types import file_type_of
@@ -88,12 +87,7 @@ def _load_config(model_dir: Path) -> dict[str, Any]:
     legacy ``rope_scaling``/``rope_theta`` folded into ``rope_parameters``); the raw JSON if transformers
     cannot parse it. Never runs remote code."""
     path = model_dir / "config.json"
-    if not path.is_file():
-        raise ConvertError(f"{model_dir}: config.json is missing")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ConvertError(f"{path}: not valid JSON ({e})") from e
+    raw = read_json(path)
     if not isinstance(raw, dict):
         raise ConvertError(f"{path}: expected a JSON object")
     try:

@@ -51,7 +51,7 @@ import numpy as np
 import gguf
 
 from .common import ConversionOptions, ConversionReport, TensorJob, add_general_metadata, write_gguf
-from .errors import ConvertError
+from .errors import ConvertError, read_json
 from .llama import LlamaHParams, hf_to_meta_rope_rows, llama3_rope_factors
 from .registry import register_hf_architecture
 from .safetensors_io import TensorRecord, iter_checkpoint
@@ -85,12 +85,7 @@ def canonical_name(hf_name: str) -> str | None:
 
 def _load_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config.json"
-    if not path.is_file():
-        raise ConvertError(f"{model_dir}: config.json is missing")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ConvertError(f"{path}: not valid JSON ({e})") from e
+    cfg = read_json(path)
     if not isinstance(cfg, dict) or not isinstance(cfg.get("text_config"), dict) \
             or not isinstance(cfg.get("vision_config"), dict):
         raise ConvertError(f"{path}: not an mllama config (text_config / vision_config missing)")
@@ -315,10 +310,7 @@ class MllamaVisionHParams:
             raise ConvertError(f"{model_dir}/config.json: intermediate_layers_indices out of range")
         pp = model_dir / "preprocessor_config.json"
         if pp.is_file():
-            try:
-                pc = json.loads(pp.read_text(encoding="utf-8"))
-            except ValueError as e:
-                raise ConvertError(f"{pp}: not valid JSON ({e})") from e
+            pc = read_json(pp)
             size = pc.get("size") or {}
             if size and (int(size.get("height", hp.image_size)) != hp.image_size
                          or int(size.get("width", hp.image_size)) != hp.image_size):

@@ -42,7 +42,7 @@ def apply_qat_checkpoint(source: ModelSource, path: Path, options: ConversionOpt
     weights = ck["model"]
     layout: Callable[[str, np.ndarray], np.ndarray] | None = getattr(source, "layout", None)
     if layout is None:
-        raise ConvertError(f"--qat-checkpoint needs an HF checkpoint directory of the teacher as MODEL")
+        raise ConvertError("--qat-checkpoint needs an HF checkpoint directory of the teacher as MODEL")
     specs = {s["gguf_name"]: s for s in ck["specs"].values()}
     jobs: list[TensorJob] = []
     codebooks: dict[str, np.ndarray] = {}

@@ -27,7 +27,7 @@ import traceback
 from typing import Sequence
 
 from .common import ConversionOptions, ConversionReport, ModelSource, write_gguf
-from .errors import ConvertError
+from .errors import ConvertError, read_json
 from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8Options
 
 _GGUF_MAGIC = b"GGUF"
@@ -108,12 +108,7 @@ def open_source(model: Path, *, tokenizer_pre: str | None = None) -> ModelSource
 
         return GgufSource(model)
     cfg_path = model / "config.json"
-    if not cfg_path.is_file():
-        raise ConvertError(f"{model}: config.json is missing (not an HF checkpoint directory)")
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ConvertError(f"{cfg_path}: not valid JSON ({e})") from e
+    cfg = read_json(cfg_path, missing_hint=" (not an HF checkpoint directory)")
     archs = cfg.get("architectures") if isinstance(cfg, dict) else None
     if not archs or not isinstance(archs, list):
         raise ConvertError(f"{cfg_path}: no 'architectures' entry; cannot tell which model this is")

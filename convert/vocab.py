@@ -16,14 +16,13 @@ this project converts are listed; anything else must be named with ``--tokenizer
 
 from __future__ import annotations
 
-import json
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 import gguf
 
-from .errors import ConvertError
+from .errors import ConvertError, read_json
 
 # Probe text (from llama.cpp's convert_hf_to_gguf_update.py): whitespace runs, emoji, digit groups,
 # scripts and contractions - everything where pre-tokenizers differ. Hashing the ids of its encoding
@@ -107,10 +106,7 @@ def add_bpe_vocab(writer: gguf.GGUFWriter, model_dir: Path, vocab_size: int | No
     """Add the ``tokenizer.*`` keys for a byte-level BPE tokenizer found in ``model_dir``."""
     cfg_path = model_dir / "tokenizer_config.json"
     if cfg_path.is_file():
-        try:
-            tok_cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise ConvertError(f"{cfg_path}: not valid JSON") from e
+        tok_cfg = read_json(cfg_path)
         if (aps := tok_cfg.get("add_prefix_space")) is not None:
             writer.add_add_space_prefix(aps)
 
