@@ -54,6 +54,8 @@ __all__ = [
     "gptq_quantise",
     "quantise_model",
     "linear_modules",
+    "layer_stages",
+    "gptq_sequential",
 ]
 
 
@@ -105,35 +107,54 @@ def linear_modules(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
+class _StopForward(Exception):
+    """Raised by a hook once every wanted module has seen its input (the rest of the forward is useless)."""
+
+
 def collect_hessians(model: torch.nn.Module, batches: Iterable[dict[str, Any]],
                      modules: dict[str, torch.nn.Linear] | None = None,
-                     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None) -> dict[str, HessianCollector]:
+                     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+                     stop_early: bool = False) -> dict[str, HessianCollector]:
     """Run ``model(**batch)`` for each calibration batch and collect every Linear's input Hessian.
 
     Consecutive hooks that see the very same input tensor (q/k/v, gate/up) share one collector, so the
     product is computed and stored once. Modules that receive no input get a collector with ``n == 0``.
+    ``stop_early``: abandon each forward pass as soon as every module in ``modules`` has been called once
+    (for layer-sequential GPTQ, where only one layer's modules are hooked).
     """
     modules = linear_modules(model) if modules is None else modules
     collectors: dict[str, HessianCollector] = {}
     last: dict[str, Any] = {"x": None, "c": None}
 
+    seen: set[str] = set()
+
     def hook(name: str) -> Callable[..., None]:
         def fn(mod: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            seen.add(name)
             x = args[0]
             if x is last["x"] and last["c"].xtx.shape[0] == x.shape[-1]:
                 collectors.setdefault(name, last["c"])
                 if collectors[name] is last["c"]:
-                    return
+                    return _maybe_stop()
             c = collectors.setdefault(name, HessianCollector(x.shape[-1]))
             c.add(x)
             last["x"], last["c"] = x, c
+            _maybe_stop()
         return fn
+
+    def _maybe_stop() -> None:
+        if stop_early and len(seen) == len(modules):
+            raise _StopForward
 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in modules.items()]
     try:
         with torch.no_grad():
             for batch in (progress(batches) if progress else batches):
-                model(**batch)
+                seen.clear()
+                try:
+                    model(**batch)
+                except _StopForward:
+                    pass
                 last["x"] = last["c"] = None
     finally:
         for h in handles:
@@ -294,4 +315,40 @@ def quantise_model(model: torch.nn.Module, fmt: WeightFormat, *, method: Literal
             p.copy_(q.to(p.dtype))
         report.bits += fmt.bits_per_param(tuple(w.shape)) * w.numel()
         report.params += w.numel()
+    return report
+
+
+def layer_stages(model: torch.nn.Module) -> list[list[str]]:
+    """Linears grouped by decoder/encoder layer (``...layers.<i>.``), in module order; others alone."""
+    import re
+
+    stages: dict[str, list[str]] = {}
+    for name in linear_modules(model):
+        m = re.match(r"(.*\.layers\.\d+)\.", name)
+        stages.setdefault(m.group(1) if m else name, []).append(name)
+    return list(stages.values())
+
+
+def gptq_sequential(model: torch.nn.Module, fmt: WeightFormat, batches: list[dict[str, Any]], *,
+                    cfg: GPTQConfig = GPTQConfig(), quantisers: dict[str, GroupQuantiser] | None = None,
+                    progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None) -> ModelQuantReport:
+    """Layer-sequential GPTQ (as GPTQModel): the Hessians of each layer's Linears are collected with all
+    earlier layers already quantised, then that layer is quantised; then embeddings (direct cast, unless
+    tied to a quantised Linear). Costs one (early-stopped) calibration pass per layer."""
+    mods = linear_modules(model)
+    report = ModelQuantReport()
+    stages = layer_stages(model)
+    for stage in (progress(stages) if progress else stages):
+        hs = collect_hessians(model, batches, modules={n: mods[n] for n in stage}, stop_early=True)
+        part = quantise_model(model, fmt, method="gptq", hessians=hs, cfg=cfg, quantisers=quantisers,
+                              include=lambda n, m, st=frozenset(stage): n in st)
+        report.gptq.update(part.gptq)
+        report.direct += part.direct
+        report.bits += part.bits
+        report.params += part.params
+    done = {id(m.weight) for m in mods.values()}
+    rest = quantise_model(model, fmt, method="direct", include=lambda n, m: id(m.weight) not in done)
+    report.direct += rest.direct
+    report.bits += rest.bits
+    report.params += rest.params
     return report

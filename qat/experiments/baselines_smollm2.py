@@ -60,6 +60,18 @@ class Spec:
     family: str  # INT, INT affine, Student-t, Lloyd-Max, S3D8
     fmt: WeightFormat
     methods: tuple[str, ...]
+    #: format of the tied lm_head/embedding if not ``fmt`` (the paper's "lm_head INT8" variant); it is
+    #: always direct-cast
+    head: WeightFormat | None = None
+
+    @property
+    def label(self) -> str:
+        return self.fmt.name + ("" if self.head is None else f", lm_head {HEAD_NAMES.get(self.head, self.head.name)}")
+
+
+#: INT8 with one bf16 absmax scale per output channel (k = 576 inputs): the reference's INT8 weights.
+INT8_CHANNEL = IntFormat(256, 576)
+HEAD_NAMES = {INT8_CHANNEL: "INT8 per-channel"}
 
 
 def plan(quick: bool = False) -> list[tuple[Spec, str]]:
@@ -79,8 +91,12 @@ def plan(quick: bool = False) -> list[tuple[Spec, str]]:
         return [(int_spec(6, 128), "direct"), (int_spec(6, 128), "gptq")]
     out: list[tuple[Spec, str]] = [(int_spec(k, g), "direct") for k in (16, 12, 8, 6, 4) for g in (32, 128)]
     out += [(int_spec(16, 128), "gptq"), (st6, "direct"), (lm6, "direct"), (s3, "direct"),
-            (int_spec(8, 128), "gptq"), (s3, "gptq"), (int_spec(16, 128, True), "direct"),
+            (int_spec(8, 128), "gptq"), (s3, "gptq"), (int_spec(8, 128), "gptq_seq"), (int_spec(16, 128), "gptq_seq"),
+            (s3, "gptq_seq"), (int_spec(16, 128, True), "direct"),
             (int_spec(16, 128, True), "gptq"), (int_spec(6, 128), "gptq"), (st6, "gptq"), (lm6, "gptq")]
+    for sp in (s3, int_spec(6, 128), st6, lm6, int_spec(8, 128)):
+        h = Spec(sp.id + "_head8", sp.family, sp.fmt, sp.methods, head=INT8_CHANNEL)
+        out += [(h, "direct"), (h, "gptq")]
     out += [(int_spec(k, 64), "direct") for k in (16, 12, 8, 6, 4)]
     out += [(int_spec(k, 128, True), "direct") for k in (8, 6, 4)]
     out += [(int_spec(k, 128), "gptq") for k in (12, 4)] + [(int_spec(16, 32), "gptq")]
@@ -109,7 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from convert import assets
-    from qat.gptq import GPTQConfig, collect_hessians, quantise_model
+    from qat.gptq import GPTQConfig, collect_hessians, gptq_sequential, quantise_model
     from qat.text_eval import TeacherCache, evaluate, token_windows
 
     torch.set_num_threads(args.threads)
@@ -134,6 +150,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     todo = [(s, m) for s, m in plan(args.quick) if (s.id, m) not in done and (args.only is None or s.id in args.only)]
     hessians = None
+    seq_batches = [{"input_ids": w[None]} for w in token_windows(
+        tok, assets.wiki_text("train"), ctx=args.ctx, max_tokens=args.seq_calib_tokens)]
     if any(m == "gptq" for _, m in todo):
         calib = token_windows(tok, assets.wiki_text("train"), ctx=args.ctx, max_tokens=args.calib_tokens)
         t = time.time()
@@ -141,7 +159,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     progress=lambda it: tqdm(list(it), desc="calibration", leave=False))
         print(f"Hessians from {calib.numel()} train tokens in {time.time() - t:.0f} s", file=sys.stderr)
 
-    quantiser_cache: dict[str, dict[str, Any]] = {}
+    quantiser_cache: dict[WeightFormat, dict[str, Any]] = {}  # fitted per-matrix quantisers, by format
     start = time.time()
     for n_done, (spec, method) in enumerate(tqdm(todo, desc="configs")):
         if args.budget_min is not None and time.time() - start > 60 * args.budget_min:
@@ -150,17 +168,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             break
         student = copy.deepcopy(teacher)
         t = time.time()
-        qs = quantiser_cache.setdefault(spec.id, {})
-        report = quantise_model(student, spec.fmt, method=method, hessians=hessians, cfg=GPTQConfig(), quantisers=qs)
+        qs = quantiser_cache.setdefault(spec.fmt, {})
+        if method == "gptq_seq":
+            assert spec.head is None
+            report = gptq_sequential(student, spec.fmt, seq_batches, cfg=GPTQConfig(), quantisers=qs,
+                                     progress=lambda it: tqdm(list(it), desc="layers", leave=False))
+        elif spec.head is None:
+            report = quantise_model(student, spec.fmt, method=method, hessians=hessians, cfg=GPTQConfig(),
+                                    quantisers=qs)
+        else:
+            head_w = student.get_output_embeddings().weight
+            head = quantise_model(student, spec.head, method="direct", include=lambda n, m: m.weight is head_w)
+            report = quantise_model(student, spec.fmt, method=method, hessians=hessians, cfg=GPTQConfig(),
+                                    quantisers=qs, include=lambda n, m: m.weight is not head_w)
+            report.bits += head.bits
+            report.params += head.params
         t_quant = time.time() - t
-        if not any(s2.id == spec.id and m2 != method and (s2.id, m2) not in done for s2, m2 in todo):
-            quantiser_cache.pop(spec.id, None)  # no other method of this format left: free its quantisers
+        if not any(s2.fmt == spec.fmt for s2, _ in todo[n_done + 1:]):
+            quantiser_cache.pop(spec.fmt, None)  # not needed any more: free the fitted quantisers
         t = time.time()
         r = evaluate(student, cache)
         t_eval = time.time() - t
         quantised = report.params
         bits_all = (report.bits + 16 * (n_params - quantised)) / n_params
-        entry = {"id": spec.id, "family": spec.family, "label": spec.fmt.name, "method": method,
+        entry = {"id": spec.id, "family": spec.family, "label": spec.label, "method": method,
+                 "head": None if spec.head is None else spec.head.name,
                  "bits_per_param": bits_all, "bits_per_quantised_param": report.bits_per_param,
                  "quantised_params": quantised, "kl": r.kl, "kl_stderr": r.kl_stderr, "ppl": r.ppl,
                  "nll": r.nll, "n_tokens": r.n_tokens, "gptq_matrices": len(report.gptq),
@@ -170,7 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         data["results"].append(entry)
         done.add((spec.id, method))
         atomic_write(args.results, json.dumps(data, indent=1))
-        tqdm.write(f"{spec.fmt.name:28s} {method:6s} bits {bits_all:.3f} KL {r.kl:.4f} PPL {r.ppl:.2f} "
+        tqdm.write(f"{spec.label:28s} {method:6s} bits {bits_all:.3f} KL {r.kl:.4f} PPL {r.ppl:.2f} "
                    f"({t_quant:.0f}+{t_eval:.0f} s)")
         del student
     return data
@@ -180,19 +212,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 # report
 
 
-def load_qat(path: Path | None) -> list[dict[str, Any]]:
-    """QAT points: a JSON list, or {"results": [...]}, of {"label", "bits_per_param", "kl", "ppl"}."""
+def load_qat(path: Path | None, s3d8_bits: float | None) -> list[dict[str, Any]]:
+    """QAT points from the QAT experiments' JSON, if the file exists.
+
+    Accepted: ``qat/experiments/smollm2_qat.py``'s output (``{"qat": {kl, ppl}, "direct_cast": {...},
+    "steps", "settings"}``; its bits/param is S3D8's, taken from this sweep's S3D8 entry), or a list (or
+    ``{"results": [...]}``) of ``{label, bits_per_param, kl, ppl}``.
+    """
     if path is None or not path.is_file():
         return []
     data = json.loads(path.read_text())
+    if isinstance(data, dict) and "qat" in data:
+        st = data.get("settings", {})
+        bits = data["qat"].get("bits_per_param", s3d8_bits)
+        if bits is None:
+            return []
+        proto = f"its own eval windows: ctx {st.get('eval_ctx', '?')}, {st.get('eval_tokens', '?')} tokens"
+        out = [{"label": f"S3D8 QAT, {data.get('steps', '?')} steps ({proto})", "bits_per_param": bits,
+                "kl": data["qat"]["kl"], "ppl": data["qat"]["ppl"]}]
+        if isinstance(data.get("direct_cast"), dict):
+            out.append({"label": f"S3D8 direct cast as measured by the QAT run ({proto})", "bits_per_param": bits,
+                        "kl": data["direct_cast"]["kl"], "ppl": data["direct_cast"]["ppl"], "reference": True})
+        return out
     rows = data["results"] if isinstance(data, dict) else data
     return [r for r in rows if {"bits_per_param", "kl", "ppl"} <= set(r)]
 
 
 FAMILY_COLOURS = {"INT": "tab:blue", "INT affine": "tab:cyan", "Student-t": "tab:green", "Lloyd-Max": "tab:orange",
                   "S3D8": "tab:red"}
-METHOD_MARKERS = {"direct": "o", "gptq": "s", "qat": "^"}
-METHOD_NAMES = {"direct": "direct cast", "gptq": "GPTQ", "qat": "QAT"}
+METHOD_MARKERS = {"direct": "o", "gptq": "s", "gptq_seq": "D", "qat": "^"}
+METHOD_NAMES = {"direct": "direct cast", "gptq": "GPTQ (one-shot)", "gptq_seq": "GPTQ (layer-sequential)", "qat": "QAT"}
 
 
 def plot(data: dict[str, Any], qat: list[dict[str, Any]], metric: str, out: Path) -> None:
@@ -211,10 +260,11 @@ def plot(data: dict[str, Any], qat: list[dict[str, Any]], metric: str, out: Path
             if not rows:
                 continue
             xs, ys = [r["bits_per_param"] for r in rows], [r[metric] for r in rows]
-            ax.scatter(xs, ys, c=colour, marker=marker, s=36, edgecolors="k" if method == "gptq" else "none",
+            ax.scatter(xs, ys, c=colour, marker=marker, s=36, edgecolors="none" if method == "direct" else "k",
                        linewidths=0.5, alpha=0.9)
     for r in qat:
-        ax.scatter([r["bits_per_param"]], [r[metric]], c=FAMILY_COLOURS["S3D8"], marker="^", s=70, edgecolors="k")
+        if not r.get("reference"):
+            ax.scatter([r["bits_per_param"]], [r[metric]], c=FAMILY_COLOURS["S3D8"], marker="^", s=70, edgecolors="k")
     if metric == "ppl":
         ax.axhline(data["teacher"]["ppl"], color="grey", ls="--", lw=1)
         ax.text(ax.get_xlim()[1], data["teacher"]["ppl"], " fp32", va="center", fontsize=8, color="grey")
@@ -235,25 +285,31 @@ def plot(data: dict[str, Any], qat: list[dict[str, Any]], metric: str, out: Path
 
 
 def _fmt(x: float | None, nd: int = 3) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.3g}" if abs(x) >= 1e4 else f"{x:.{nd}f}"
 
 
 def table(data: dict[str, Any], qat: list[dict[str, Any]]) -> str:
     by = {(r["id"], r["method"]): r for r in data["results"]}
     ids = list(dict.fromkeys(r["id"] for r in data["results"]))
-    lines = ["| format | bits/param | KL direct | KL GPTQ | PPL direct | PPL GPTQ | GPTQ / direct KL |",
-             "|---|---|---|---|---|---|---|"]
+    methods = [m for m in ("direct", "gptq", "gptq_seq") if any(r["method"] == m for r in data["results"])]
+    short = {"direct": "direct", "gptq": "GPTQ", "gptq_seq": "GPTQ-seq"}
+    lines = ["| format | bits/param | " + " | ".join(f"KL {short[m]}" for m in methods) + " | "
+             + " | ".join(f"PPL {short[m]}" for m in methods) + " |",
+             "|---|---|" + "---|" * (2 * len(methods))]
     for i in sorted(ids, key=lambda i: next(r["bits_per_param"] for r in data["results"] if r["id"] == i)):
-        d, g = by.get((i, "direct")), by.get((i, "gptq"))
-        any_r = d or g
-        assert any_r is not None
-        ratio = g["kl"] / d["kl"] if d and g else None
-        lines.append(f"| {any_r['label']} | {any_r['bits_per_param']:.3f} | {_fmt(d and d['kl'], 4)} "
-                     f"± {_fmt(d and d['kl_stderr'], 4)} | {_fmt(g and g['kl'], 4)} | {_fmt(d and d['ppl'], 2)} | "
-                     f"{_fmt(g and g['ppl'], 2)} | {_fmt(ratio, 2)} |")
-    for r in qat:
-        lines.append(f"| {r.get('label', 'QAT')} (QAT) | {r['bits_per_param']:.3f} | - | - | - | - | - |"
-                     .replace("| - | - | - | - | - |", f"| QAT {r['kl']:.4f} | | QAT {r['ppl']:.2f} | | |"))
+        rows = [by.get((i, m)) for m in methods]
+        any_r = next(r for r in rows if r is not None)
+        kl = [("-" if r is None else f"{_fmt(r['kl'], 4)}" + (f" ± {_fmt(r['kl_stderr'], 4)}" if m == "direct" else ""))
+              for r, m in zip(rows, methods)]
+        ppl = ["-" if r is None else _fmt(r["ppl"], 2) for r in rows]
+        lines.append(f"| {any_r['label']} | {any_r['bits_per_param']:.3f} | " + " | ".join(kl) + " | "
+                     + " | ".join(ppl) + " |")
+    if qat:
+        lines += ["", "| QAT results file | bits/param | KL | PPL |", "|---|---|---|---|"]
+        lines += [f"| {r.get('label', 'QAT')} | {r['bits_per_param']:.3f} | {r['kl']:.4f} | {r['ppl']:.2f} |"
+                  for r in qat]
     return "\n".join(lines)
 
 
@@ -264,9 +320,11 @@ def write_report(data: dict[str, Any], qat: list[dict[str, Any]], qat_path: Path
     cfg = data["config"]
     t = data["teacher"]
     secs = sum(r["seconds_quantise"] + r["seconds_eval"] for r in data["results"])
-    qat_line = (f"QAT points ({len(qat)}) are read from `{qat_path}` (written by the QAT experiments), not measured here."
-                if qat else f"No QAT results file (`{qat_path}`) was present; QAT points are added when it exists "
-                "(a JSON list of `{label, bits_per_param, kl, ppl}`).")
+    qat_line = (f"QAT points are read from `{qat_path}` (written by `qat/experiments/smollm2_qat.py`), not "
+                "measured here; they use that run's own eval windows, so compare them with the direct-cast point "
+                "measured in the same run (listed with them), not with this sweep's numbers."
+                if qat else f"No QAT results file (`{qat_path}`) was present when this report was written; QAT "
+                "points are added from it when it exists (rerun with `--report-only`).")
     md = f"""# Format baselines on SmolLM2-135M: KL and perplexity vs bits/param
 
 Generated by `qat/experiments/baselines_smollm2.py` from `docs/baselines.json` - rerun it to update
@@ -280,7 +338,8 @@ nice -n 10 .venv/bin/python qat/experiments/baselines_smollm2.py
 
 ![perplexity vs bits/param](baselines_ppl.png)
 
-Markers: circle = direct cast, square (black edge) = GPTQ, triangle = QAT. Colours: format family. For
+Markers: circle = direct cast, square = GPTQ (one-shot Hessians), diamond = GPTQ (layer-sequential),
+triangle = QAT. Colours: format family. For
 INT the GPTQ points shown in the plots are G=128 only (all are in the table). {qat_line}
 
 ## Results
@@ -336,9 +395,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ctx", type=int, default=512, help="tokens per eval/calibration window (default 512)")
     p.add_argument("--eval-tokens", type=int, default=2048, help="eval token budget (default 2048 = 4 windows)")
     p.add_argument("--calib-tokens", type=int, default=8192, help="GPTQ calibration tokens (default 8192)")
+    p.add_argument("--seq-calib-tokens", type=int, default=4096,
+                   help="calibration tokens of layer-sequential GPTQ (one pass per layer; default 4096)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
     p.add_argument("--results", type=Path, default=REPO / "docs" / "baselines.json", help="results JSON")
-    p.add_argument("--qat-results", type=Path, default=REPO / "docs" / "qat_results.json",
+    p.add_argument("--qat-results", type=Path, default=REPO / "qat" / "experiments" / "smollm2_qat.json",
                    help="QAT points to add to the plots/table if the file exists")
     p.add_argument("--out-dir", type=Path, default=REPO / "docs", help="where baselines.md and the PNGs go")
     p.add_argument("--only", nargs="*", help="run only these format ids (e.g. int6_g128 s3d8)")
@@ -352,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         data = run(args)
     discussion = DISCUSSION_FILE.read_text() if DISCUSSION_FILE.is_file() else ""
-    write_report(data, load_qat(args.qat_results), args.qat_results.relative_to(REPO)
+    s3d8_bits = next((r["bits_per_param"] for r in data["results"] if r["id"] == "s3d8"), None)
+    write_report(data, load_qat(args.qat_results, s3d8_bits), args.qat_results.relative_to(REPO)
                  if args.qat_results.is_absolute() and REPO in args.qat_results.parents else args.qat_results,
                  args.out_dir, discussion)
     return 0

@@ -194,3 +194,30 @@ def test_direct_cast_helper_equals_format_quantise() -> None:
     w = _weights(10, 200, 9)  # ragged last block
     for fmt in (IntFormat(6, 64), IntFormat(12, 64, affine=True), StudentTFormat(8, 32), LloydMaxFormat(4)):
         assert torch.equal(direct_cast(fmt.quantiser(w), w), fmt.quantise(w))
+
+
+def test_sequential_gptq_covers_every_linear_and_uses_quantised_inputs() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from qat.gptq import gptq_sequential, layer_stages
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    stages = layer_stages(model)
+    assert [len(s) for s in stages] == [7, 7, 1] and stages[-1] == ["lm_head"]
+    batches = [{"input_ids": torch.randint(0, 64, (1, 16))} for _ in range(3)]
+    one_shot = collect_hessians(model, batches)
+    early = collect_hessians(model, batches, modules={n: linear_modules(model)[n] for n in stages[0]}, stop_early=True)
+    assert torch.equal(early["model.layers.0.mlp.down_proj"].xtx, one_shot["model.layers.0.mlp.down_proj"].xtx)
+    seq_model = copy.deepcopy(model)
+    report = gptq_sequential(seq_model, IntFormat(4, 32), batches)
+    assert set(report.gptq) == set(linear_modules(model)) and report.direct == []
+    # layer 0 saw the same inputs in both schemes; layer 1's inputs came from the quantised layer 0
+    ref = copy.deepcopy(model)
+    quantise_model(ref, IntFormat(4, 32), method="gptq", hessians=one_shot)
+    w0 = "model.layers.0.self_attn.q_proj"
+    assert torch.equal(dict(seq_model.named_modules())[w0].weight, dict(ref.named_modules())[w0].weight)
+    w1 = "model.layers.1.self_attn.q_proj"
+    assert not torch.equal(dict(seq_model.named_modules())[w1].weight, dict(ref.named_modules())[w1].weight)
