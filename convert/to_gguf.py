@@ -38,7 +38,8 @@ Convert a Llama-family text model to GGUF.
 MODEL is either an HF checkpoint directory (config.json, *.safetensors,
 tokenizer.json/tokenizer_config.json) of a LlamaForCausalLM (or another
 architecture registered in convert/registry.py, e.g. the text part of
-MllamaForConditionalGeneration; its vision GGUF: python -m convert.mllama), or
+MllamaForConditionalGeneration, whose vision encoder + projector --mmproj
+writes as a second GGUF for llama-mtmd-cli / llama-server), or
 an existing .gguf file (general.architecture llama), whose tensors are
 dequantised and re-encoded; its metadata is kept.
 
@@ -57,6 +58,8 @@ examples:
   %(prog)s path/to/SmolLM2-hf --type f16 -o smollm2-f16.gguf
   %(prog)s path/to/Llama-3.2-1B --type s3d8 --centroid-rule round -o llama-s3d8.gguf
   %(prog)s SmolLM2-135M-Instruct.Q4_1.gguf --type q8_0 -o smollm2-q8_0.gguf
+  %(prog)s path/to/Llama-3.2-11B-Vision-Instruct --type s3d8 -o mllama-s3d8.gguf --mmproj mmproj-f16.gguf \
+      --mmproj-type f16
   %(prog)s path/to/SmolLM2-hf --type s3d8 --qat-checkpoint run/checkpoint.pt -o smollm2-qat-s3d8.gguf
 
 exit status: 0 ok, 2 bad input/options, 130 interrupted (143 on SIGTERM)
@@ -79,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the codec's DEFAULT_CENTROID_RULE)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the S3D8 codebook fit; same seed, same file (default: %(default)s)")
+    p.add_argument("--mmproj", type=Path, metavar="PATH", default=None,
+                   help="Llama 3.2 Vision (mllama) only: also write the vision encoder + projector GGUF for mtmd")
+    p.add_argument("--mmproj-type", choices=OUT_TYPES, default=None,
+                   help="type of the vision matrices with --mmproj (default: same as --type)")
     p.add_argument("--qat-checkpoint", type=Path, metavar="PATH", default=None,
                    help="write the trained student of a qat.train checkpoint (its fp32 weights and frozen S3D8 "
                         "codebooks; MODEL is the teacher's HF directory, for config and tokenizer): the file's "
@@ -167,9 +174,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     outfile: Path = args.outfile if args.outfile is not None else default_outfile(args.model, args.out_type)
     old = signal.signal(signal.SIGTERM, _on_sigterm) if _in_main_thread() else None
     try:
+        if args.mmproj is not None:
+            _check_mmproj_args(args)
         report = convert(args.model, outfile, options, tokenizer_pre=args.tokenizer_pre,
                          progress=not args.no_progress, dry_run=args.dry_run, qat_checkpoint=args.qat_checkpoint)
         print(report.format_table())
+        if args.mmproj is not None:
+            from .mllama import vision_source
+
+            mopts = ConversionOptions(out_type=args.mmproj_type or args.out_type, fallback_type=args.fallback_type,
+                                      s3d8=options.s3d8)
+            print(write_gguf(vision_source(args.model), args.mmproj, mopts, progress=not args.no_progress,
+                             dry_run=args.dry_run).format_table())
         if args.report_json is not None:
             _write_report_json(report, args.report_json)
         return 0
@@ -193,6 +209,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+
+
+def _check_mmproj_args(args: argparse.Namespace) -> None:
+    """--mmproj needs an mllama HF directory and a second output path; checked before any work."""
+    from .mllama import is_mllama
+
+    if args.model.is_file() or not is_mllama(args.model):
+        raise ConvertError(f"{args.model}: --mmproj needs an HF MllamaForConditionalGeneration directory")
+    if args.qat_checkpoint is not None:
+        raise ConvertError("--mmproj cannot be combined with --qat-checkpoint (QAT checkpoints hold text models)")
+    if args.outfile is not None and args.mmproj.resolve() == args.outfile.resolve():
+        raise ConvertError("--mmproj and --outfile name the same file")
 
 
 def _in_main_thread() -> bool:

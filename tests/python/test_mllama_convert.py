@@ -167,3 +167,24 @@ def test_types(ckpt, out_type):
             assert t == want, (name, t)
         else:
             assert t == "F32", (name, t)
+
+
+def test_to_gguf_writes_mmproj(tmp_path):
+    """``convert/to_gguf.py --mmproj`` (the users' entry point) writes the same two files as convert.mllama, and
+    refuses --mmproj for a model that is not mllama."""
+    from convert.to_gguf import main as to_gguf_main
+    from tests.mllama import harness, tiny_model
+
+    model = tiny_model.get()
+    ref_text, ref_mmproj = harness.convert(model, tmp_path, "f16")
+    text, mmproj = tmp_path / "cli-text.gguf", tmp_path / "cli-mmproj.gguf"
+    assert to_gguf_main([str(model), "--type", "f16", "-o", str(text), "--mmproj", str(mmproj),
+                         "--tokenizer-pre", "llama-bpe", "--no-progress"]) == 0
+    assert text.read_bytes() == ref_text.read_bytes()
+    assert mmproj.read_bytes() == ref_mmproj.read_bytes()
+
+    not_mllama = tmp_path / "llama"
+    not_mllama.mkdir()
+    (not_mllama / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert to_gguf_main([str(not_mllama), "-o", str(tmp_path / "x.gguf"), "--mmproj", str(tmp_path / "m.gguf")]) == 2
+    assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "m.gguf").exists()
