@@ -153,6 +153,26 @@ def build_student(teacher_dir: Path, *, specs_state: dict[str, Any] | None = Non
     return quantise_student(model, specs, act_quant=act_quant)
 
 
+def freeze_all_but_s3d8(student: nn.Module) -> int:
+    """Keep only the S3D8 weights trainable (a cheaper ablation of the recipe, which trains every parameter).
+
+    Frozen fake-quantised weights are computed once and cached, so a step costs the S3D8 matrices' fake
+    quantisation plus the forward/backward; the export is unchanged (frozen weights are the teacher's).
+    Returns the number of trainable parameters.
+    """
+    from qat.student import QuantEmbedding, QuantLinear
+
+    student.requires_grad_(False)
+    n = 0
+    for m in student.modules():
+        if isinstance(m, (QuantLinear, QuantEmbedding)) and m.spec.qtype == "s3d8":
+            m.weight.requires_grad_(True)
+            n += m.weight.numel()
+    if n == 0:
+        raise TrainError("--train-only s3d8: the student has no S3D8 weight")
+    return n
+
+
 # ---------------------------------------------------------------------------------------------------
 # checkpoints
 
@@ -248,6 +268,8 @@ def train(args: argparse.Namespace) -> list[float]:
                             progress=progress)
     if ck is not None:
         student.load_state_dict(ck["model"])
+    if args.train_only == "s3d8":
+        freeze_all_but_s3d8(student)
     teacher = load_teacher(args.teacher)
     student.to(device)
     teacher.to(device)
@@ -359,6 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="type of the matrices S3D8 cannot hold; must match the converter's --fallback-type (default %(default)s)")
     p.add_argument("--centroid-rule", choices=("round", "trunc"), default=None,
                    help="S3D8 centroid rule of the codebook fit (default: the codec's)")
+    p.add_argument("--train-only", choices=("all", "s3d8"), default="all",
+                   help="all: every parameter, as the recipe (default); s3d8: only the S3D8 weights (ablation for "
+                        "small CPU budgets: the other fake-quantised weights are computed once)")
     p.add_argument("--no-act-quant", action="store_true", help="keep activations in fp32 (ablation; the GGUF will not match)")
     p.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True,
                    help="recompute decoder layers in the backward pass (default: on)")

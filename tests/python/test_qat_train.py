@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from qat import tiny
-from qat.train import load_checkpoint, main, student_from_checkpoint
+from qat.train import load_checkpoint, load_teacher, main, student_from_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 COMMON = ["--steps", "4", "--batch", "4", "--micro-batch", "2", "--seq-len", "40", "--threads", "1",
@@ -60,6 +60,23 @@ def test_resume_is_bitwise_identical(setup, straight, tmp_path) -> None:
     assert a["losses"] == b["losses"]                  # float equality: bit for bit
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k
+
+
+def test_train_only_s3d8_freezes_the_rest(setup, straight, tmp_path) -> None:
+    """--train-only s3d8: the S3D8 weights move, every other parameter stays the teacher's."""
+    assert main(_args(setup, tmp_path, "--train-only", "s3d8")) == 0
+    ck = load_checkpoint(tmp_path / "checkpoint.pt")
+    first = _state(straight)  # a full run: everything it trains differs from the teacher
+    teacher = load_teacher(setup[0]).state_dict()
+    s3d8_ptrs = {ck["model"][s["hf_name"]].data_ptr() for s in ck["specs"].values() if s["qtype"] == "s3d8"}
+    s3d8 = {k for k, v in ck["model"].items() if v.data_ptr() in s3d8_ptrs}  # tied lm_head included
+    assert s3d8 and all(np.isfinite(ck["losses"]))
+    for k, v in ck["model"].items():
+        if k in s3d8:
+            assert not torch.equal(v, teacher[k]), f"{k} did not train"
+        else:
+            assert torch.equal(v, teacher[k]), f"{k} changed although frozen"
+    assert any(not torch.equal(first[k], teacher[k]) for k in first if k not in s3d8)  # the full run differs
 
 
 def test_torchrun_two_ranks_match_single_process(setup, straight, tmp_path) -> None:
