@@ -92,7 +92,7 @@ def plan(quick: bool = False) -> list[tuple[Spec, str]]:
     out: list[tuple[Spec, str]] = [(int_spec(k, g), "direct") for k in (16, 12, 8, 6, 4) for g in (32, 128)]
     out += [(int_spec(16, 128), "gptq"), (st6, "direct"), (lm6, "direct"), (s3, "direct"),
             (int_spec(8, 128), "gptq"), (s3, "gptq"), (int_spec(8, 128), "gptq_seq"), (int_spec(16, 128), "gptq_seq"),
-            (s3, "gptq_seq"), (int_spec(16, 128, True), "direct"),
+            (s3, "gptq_seq"), (int_spec(16, 32, True), "direct"), (int_spec(16, 128, True), "direct"),
             (int_spec(16, 128, True), "gptq"), (int_spec(6, 128), "gptq"), (st6, "gptq"), (lm6, "gptq")]
     for sp in (s3, int_spec(6, 128), st6, lm6, int_spec(8, 128)):
         h = Spec(sp.id + "_head8", sp.family, sp.fmt, sp.methods, head=INT8_CHANNEL)
@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     config = {"version": RESULTS_VERSION, "ctx": args.ctx, "eval_tokens": args.eval_tokens,
+              **({} if args.seq_calib_tokens == 4096 else {"seq_calib_tokens": args.seq_calib_tokens}),
               "calib_tokens": args.calib_tokens, "model": "SmolLM2-135M-Instruct (Q4_1 GGUF -> fp32)",
               "gptq": {"damp": 0.05, "block": 128, "act_order": "group-aware", "hessians": "one-shot"}}
     data = load_results(args.results, config)
@@ -254,14 +255,17 @@ def plot(data: dict[str, Any], qat: list[dict[str, Any]], metric: str, out: Path
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for fam, colour in FAMILY_COLOURS.items():
         for method, marker in METHOD_MARKERS.items():
-            rows = sorted((r for r in data["results"] if r["family"] == fam and r["method"] == method
-                           and (fam != "INT" or r["id"].endswith("_g128") or method == "direct")),
-                          key=lambda r: r["bits_per_param"])
-            if not rows:
-                continue
-            xs, ys = [r["bits_per_param"] for r in rows], [r[metric] for r in rows]
-            ax.scatter(xs, ys, c=colour, marker=marker, s=36, edgecolors="none" if method == "direct" else "k",
-                       linewidths=0.5, alpha=0.9)
+            for head in (False, True):
+                rows = [r for r in data["results"] if r["family"] == fam and r["method"] == method
+                        and bool(r.get("head")) == head]
+                if not rows:
+                    continue
+                xs, ys = [r["bits_per_param"] for r in rows], [r[metric] for r in rows]
+                if head:  # lm_head INT8 variants: hollow markers
+                    ax.scatter(xs, ys, facecolors="none", edgecolors=colour, marker=marker, s=44, linewidths=1.3)
+                else:
+                    ax.scatter(xs, ys, c=colour, marker=marker, s=36, alpha=0.9, linewidths=0.5,
+                               edgecolors="none" if method == "direct" else "k")
     for r in qat:
         if not r.get("reference"):
             ax.scatter([r["bits_per_param"]], [r[metric]], c=FAMILY_COLOURS["S3D8"], marker="^", s=70, edgecolors="k")
@@ -276,6 +280,8 @@ def plot(data: dict[str, Any], qat: list[dict[str, Any]], metric: str, out: Path
     handles = [Line2D([], [], ls="", marker="o", color=c, label=f) for f, c in FAMILY_COLOURS.items()]
     handles += [Line2D([], [], ls="", marker=m, color="grey", markeredgecolor="k", label=METHOD_NAMES[k])
                 for k, m in METHOD_MARKERS.items()]
+    handles.append(Line2D([], [], ls="", marker="o", markerfacecolor="none", markeredgecolor="grey",
+                          label="hollow: lm_head INT8"))
     ax.legend(handles=handles, fontsize=8, loc="upper right")
     fig.tight_layout()
     tmp = out.with_name(f".{out.name}.tmp.png")
@@ -339,8 +345,8 @@ nice -n 10 .venv/bin/python qat/experiments/baselines_smollm2.py
 ![perplexity vs bits/param](baselines_ppl.png)
 
 Markers: circle = direct cast, square = GPTQ (one-shot Hessians), diamond = GPTQ (layer-sequential),
-triangle = QAT. Colours: format family. For
-INT the GPTQ points shown in the plots are G=128 only (all are in the table). {qat_line}
+triangle = QAT; hollow = the tied embedding/lm_head in INT8 per-channel instead of the format (the
+paper's "lm_head INT8" variant). Colours: format family. {qat_line}
 
 ## Results
 
@@ -372,9 +378,11 @@ format's bits including scales and tables, the norm weights at 16).
   GPTQ reaches it. Tables (Student-t df/scale, Lloyd-Max levels) and S3D8's codebook and row scales are
   fitted once on the original weights exactly as in the direct cast; S3D8 GPTQ vector-quantises each
   column's row triples (nearest centroid + signs, by the codec) and feeds the error of all three rows
-  back. **Deviation from GPTQModel**: Hessians are captured once from the unquantised model for all
-  layers (one-shot), not re-captured layer by layer after quantising the previous layers, so one set
-  of Hessians serves every format; sequential GPTQ would typically do somewhat better at low bits.
+  back. **GPTQ (one-shot)** captures the Hessians once from the unquantised model for all layers, so one
+  set serves every format (a deviation from GPTQModel). **GPTQ-seq** is GPTQModel's layer-sequential
+  scheme (`qat.gptq.gptq_sequential`): each decoder layer's Hessians are collected with all earlier
+  layers already quantised, from {cfg.get('seq_calib_tokens', 4096)} train tokens (one early-stopped
+  calibration pass per layer).
 - **Formats** (see `qat/formats.py` for exact definitions and bit accounting): INT K levels with a bf16
   absmax scale per block of G inputs (reference's asymmetric range; for even K the extra negative level is
   unused), INT affine (scale and integer zero point per block, both bf16), Student-t CRD with bf16 block
