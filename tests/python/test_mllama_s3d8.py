@@ -10,7 +10,8 @@ that scale to neighbouring bf16 values, which moves the whole row onto another i
 change of that matmul's output, which then propagates. So the layer-by-layer check is the strict one: each
 vision layer of transformers, fed llama.cpp's input of that layer, must reproduce llama.cpp's output to float
 rounding - bit-exact in most layers; a layer may still see a bf16 scale flip of one row, hence 5e-3 (a wrong
-weight, permutation, mask or gate gives errors of order 1) - and the S3D8 matmuls themselves are bit-exact
+weight, permutation, mask or gate gives errors of order 1) - and so must each text layer (self- and
+cross-attention, fed the same cross-attention states) - and the S3D8 matmuls themselves are bit-exact
 (checked against the codec's integer reference while writing this test); end to end, the results must agree
 within the activation-quantisation noise and give the same first greedy token.
 """
@@ -103,6 +104,61 @@ def test_s3d8_vision_layers(hf_s3d8, gguf_s3d8, tmp_path, h, w):
             y = layer(x, attention_mask=mask)
             err = R.rel_err(load(f"layer_out-{il}").numpy(), y.numpy())
             assert err <= LAYER_TOL, f"vision layer {il}: rel err {err:.3g}"
+
+
+def test_s3d8_text_layers(hf_s3d8, gguf_s3d8, tmp_path):
+    """Teacher-forced text model: every decoder layer (self- and cross-attention) of transformers, fed
+    llama.cpp's input of that layer through a forward pre-hook, gives llama.cpp's output of that layer. Both
+    sides use the same cross-attention states (transformers', handed to llama.cpp with --cross)."""
+    import torch
+
+    model, _ = hf_s3d8
+    text, _ = gguf_s3d8
+    _, img = make_image(tmp_path, 28, 84)
+    ref = R.run(model, PROMPT_IMAGE, [img], n_steps=0)
+    states = tmp_path / "states.npy"
+    np.save(states, ref.cross_states.astype(np.float32))
+    n_valid = R.preprocess([img]).num_tiles[0] * (ref.cross_states.shape[0] // 4)
+    dump = tmp_path / "tensors"
+    dump.mkdir()
+    harness.run_dump(text, PROMPT_IMAGE, tmp_path / "out", cross=[(states, n_valid)],
+                     extra=["--dump-tensors", str(dump)])
+
+    layers = model.model.language_model.layers
+    n_embd = model.config.text_config.hidden_size
+
+    def load(il: int) -> torch.Tensor:
+        return torch.from_numpy(np.load(dump / f"l_out-{il}.npy")).reshape(1, -1, n_embd)
+
+    outputs: dict[int, torch.Tensor] = {}
+
+    def feed(il: int):
+        def pre_hook(module, args, kwargs):
+            if il == 0:
+                return None  # the embeddings: the same dequantised rows on both sides
+            x = load(il - 1)
+            return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+        return pre_hook
+
+    def grab(il: int):
+        def hook(module, args, kwargs, out):
+            outputs[il] = (out[0] if isinstance(out, tuple) else out).detach()
+        return hook
+
+    handles = [h for il, layer in enumerate(layers)
+               for h in (layer.register_forward_pre_hook(feed(il), with_kwargs=True),
+                         layer.register_forward_hook(grab(il), with_kwargs=True))]
+    try:
+        R.run(model, PROMPT_IMAGE, [img], n_steps=0)
+    finally:
+        for h in handles:
+            h.remove()
+    cross_layers = set(model.config.text_config.cross_attention_layers)
+    assert cross_layers and set(outputs) == set(range(len(layers))), sorted(outputs)
+    for il in range(len(layers)):
+        err = R.rel_err(load(il).numpy(), outputs[il].numpy())
+        kind = "cross-attention" if il in cross_layers else "self-attention"
+        assert err <= LAYER_TOL, f"text layer {il} ({kind}): rel err {err:.3g}"
 
 
 def test_s3d8_end_to_end(hf_s3d8, gguf_s3d8, tmp_path):
