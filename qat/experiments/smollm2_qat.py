@@ -23,6 +23,16 @@ from qat.train import build_student, main as train_main, student_from_checkpoint
 REPO = Path(__file__).resolve().parents[2]
 
 
+def gguf_bits_per_param(teacher_dir: Path) -> float:
+    """Bits per weight-matrix parameter of the student's GGUF (the converter's --type s3d8 plan, dry run):
+    S3D8 where a container fits, Q8_0 elsewhere - what the KL/PPL below are paid for."""
+    from convert.common import ConversionOptions
+    from convert.to_gguf import convert
+
+    report = convert(teacher_dir, Path("/dev/null"), ConversionOptions(out_type="s3d8"), progress=False, dry_run=True)
+    return report.weight_bits_per_param()
+
+
 def _evaluate(model: torch.nn.Module, teacher: torch.nn.Module, windows: torch.Tensor) -> dict[str, float]:
     from qat.text_eval import evaluate
 
@@ -101,6 +111,8 @@ def main() -> int:
     info = load_checkpoint(ck)
     result["losses"], result["lr"], result["steps"] = info["losses"], info["lr"], info["step"]
     result["qat"] = _evaluate(student_from_checkpoint(ck, teacher_dir), teacher, windows)
+    bits = gguf_bits_per_param(teacher_dir)
+    result["qat"]["bits_per_param"] = result["direct_cast"]["bits_per_param"] = bits
     print("qat:", result["qat"], flush=True)
     a.json.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, a.plot)
