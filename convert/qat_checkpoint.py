@@ -23,16 +23,14 @@ from .tensor_types import choose_type
 
 def read_qat_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint's master weights and weight specs (raises ConvertError for anything else)."""
-    import torch
+    from qat.train import TrainError, load_checkpoint
 
-    if not path.is_file():
-        raise ConvertError(f"{path}: no such QAT checkpoint")
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # torch raises assorted types for corrupt files
-        raise ConvertError(f"{path}: cannot read QAT checkpoint ({e})") from e
-    if not isinstance(ck, dict) or ck.get("format") != "s3d8-qat-checkpoint" or "model" not in ck or "specs" not in ck:
-        raise ConvertError(f"{path}: not a QAT checkpoint written by qat.train")
+        ck = load_checkpoint(path)
+    except TrainError as e:
+        raise ConvertError(str(e)) from e
+    if "model" not in ck or "specs" not in ck:
+        raise ConvertError(f"{path}: QAT checkpoint without weights or weight specs")
     return ck
 
 
