@@ -18,13 +18,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def llama_tensors(*, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int,
-                  tied: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
-    """HF-named float32 weights of a LlamaForCausalLM (std 0.02, norms around 1)."""
+                  tied: bool = True, seed: int = 0, head_dim: int | None = None,
+                  std: float = 0.02) -> dict[str, np.ndarray]:
+    """HF-named float32 weights of a LlamaForCausalLM (matrices with std ``std``, norms around 1);
+    ``head_dim`` defaults to hidden / heads."""
     rng = np.random.default_rng(seed)
-    hd = hidden // heads
+    hd = head_dim or hidden // heads
 
     def mat(n: int, k: int) -> np.ndarray:
-        return (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+        return (rng.standard_normal((n, k)) * std).astype(np.float32)
 
     t: dict[str, np.ndarray] = {"model.embed_tokens.weight": mat(vocab, hidden),
                                 "model.norm.weight": (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)}

@@ -17,29 +17,11 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 1024, 4, 2, 96, 384, 768
 
 def write_teacher(out_dir: Path, *, layers: int = 1, seed: int = 0) -> Path:
     """config.json, model.safetensors (fp32) and tokenizer files of the tiny teacher in ``out_dir``."""
-    from convert.synthetic import write_tiny_llama
+    from convert.synthetic import llama_tensors, write_tiny_llama
     from tests.mllama.tiny_model import build_tokenizer
 
-    rng = np.random.default_rng(seed)
-
-    def mat(n: int, k: int) -> np.ndarray:
-        return (rng.standard_normal((n, k)) * 0.03).astype(np.float32)
-
-    def norm() -> np.ndarray:
-        return (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32)
-
-    t = {"model.embed_tokens.weight": mat(VOCAB, HIDDEN), "model.norm.weight": norm()}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = norm()
-        t[p + "post_attention_layernorm.weight"] = norm()
-        t[p + "self_attn.q_proj.weight"] = mat(HEADS * HEAD_DIM, HIDDEN)
-        t[p + "self_attn.k_proj.weight"] = mat(KV_HEADS * HEAD_DIM, HIDDEN)
-        t[p + "self_attn.v_proj.weight"] = mat(KV_HEADS * HEAD_DIM, HIDDEN)
-        t[p + "self_attn.o_proj.weight"] = mat(HIDDEN, HEADS * HEAD_DIM)
-        t[p + "mlp.gate_proj.weight"] = mat(FFN, HIDDEN)
-        t[p + "mlp.up_proj.weight"] = mat(FFN, HIDDEN)
-        t[p + "mlp.down_proj.weight"] = mat(HIDDEN, FFN)
+    t = llama_tensors(hidden=HIDDEN, layers=layers, heads=HEADS, kv_heads=KV_HEADS, ffn=FFN, vocab=VOCAB, tied=True,
+                      seed=seed, head_dim=HEAD_DIM, std=0.03)
     tok_dir = out_dir / "tokenizer"
     build_tokenizer().save_pretrained(tok_dir)
     return write_tiny_llama(out_dir, tok_dir, hidden=HIDDEN, layers=layers, heads=HEADS, kv_heads=KV_HEADS, ffn=FFN,
