@@ -139,15 +139,94 @@ def test_stream(server):
     assert "".join(pieces) == full
 
 
+# Two concurrent requests are served from other cells of the KV cache and other rows of the cross-attention store than
+# the same request alone, so the attention sums run in another order: on this random tiny model (f16 weights and
+# cache) the log-probabilities move by up to ~2e-3 (measured), while attending the other image moves them by ~0.5.
+# LOGPROB_TOL sits between the two; a greedy token may flip only where the two best tokens are tied within it.
+LOGPROB_TOL = 1e-2
+TOP_LOGPROBS = 10
+END_OF_GENERATION = (T.EOS_ID, T.EOT_ID)
+
+
+Answer = list[tuple[int, dict[int, float]]]
+
+
+def answer_with_logprobs(server: str, image_url: str, **body_fields) -> tuple[Answer, dict]:
+    """The greedy answer as (token id, {candidate id: logprob} of the TOP_LOGPROBS best candidates) per token, and the
+    server's timings (cache_n: prompt tokens taken from the cache)."""
+    body = chat_body(image_url)
+    body.update(logprobs=True, top_logprobs=TOP_LOGPROBS, **body_fields)
+    res = answer(server, body)
+    choice = res["choices"][0]
+    # the server lists no log-probabilities for an answer that is all incomplete UTF-8 (held back as it streams)
+    assert "logprobs" in choice, f"no logprobs in the answer {choice['message']['content']!r}: choose another image"
+    tokens = [(c["id"], {t["id"]: t["logprob"] for t in c["top_logprobs"]}) for c in choice["logprobs"]["content"]]
+    return tokens, res["timings"]
+
+
+def token_logprobs(server: str, image_url: str) -> Answer:
+    return answer_with_logprobs(server, image_url)[0]
+
+
+def candidates_deviation(a: dict[int, float], b: dict[int, float]) -> float:
+    """A lower bound of max |logprob difference| over the vocabulary from two top lists: exact for the candidates both
+    list; a candidate only one lists is at most the other's last listed logprob there."""
+    def one_sided(x: dict[int, float], y: dict[int, float]) -> float:
+        floor = min(y.values())
+        return max((abs(lp - y[t]) if t in y else max(0.0, lp - floor) for t, lp in x.items()), default=0.0)
+    return max(one_sided(a, b), one_sided(b, a))
+
+
+def logprob_deviation(got: Answer, ref: Answer) -> tuple[float, bool]:
+    """Largest |logprob difference| over the candidates both answers list, up to where the greedy tokens part (after
+    that the contexts differ), and whether they part at a near tie (the other answer's token is within LOGPROB_TOL of
+    the chosen one) or not at all. An answer that ends first chose an end-of-generation token there (not listed)."""
+    assert got and ref
+    dev = 0.0
+    for (tok_g, cand_g), (tok_r, cand_r) in zip(got, ref):
+        assert tok_g in cand_g and tok_r in cand_r
+        dev = max(dev, candidates_deviation(cand_g, cand_r))
+        if tok_g != tok_r:
+            return dev, tok_g in cand_r and cand_r[tok_r] - cand_r[tok_g] <= LOGPROB_TOL
+    if len(got) == len(ref):
+        return dev, True
+    tok, cand = max(got, ref, key=len)[min(len(got), len(ref))]
+    return dev, any(t in cand and cand[tok] - cand[t] <= LOGPROB_TOL for t in END_OF_GENERATION)
+
+
 def test_concurrent_requests_with_different_images(server):
     images = [png_data_url(28, 84, 10), png_data_url(84, 28, 11)]
     # each answer alone first
-    alone = [answer(server, chat_body(img))["choices"][0]["message"]["content"] for img in images]
+    alone = [token_logprobs(server, img) for img in images]
+    # the images are told apart by far more than the tolerance (else the test below could not fail)
+    gap, _ = logprob_deviation(alone[1], alone[0])
+    assert gap > 10 * LOGPROB_TOL, gap
     with ThreadPoolExecutor(max_workers=4) as pool:
-        futs = [pool.submit(answer, server, chat_body(img)) for img in images * 2]
-        results = [f.result()["choices"][0]["message"]["content"] for f in futs]
+        futs = [pool.submit(token_logprobs, server, img) for img in images * 2]
+        results = [f.result() for f in futs]
     # served in parallel (2 slots), every request attends its own image only
-    assert results == alone * 2
+    for i, (got, ref) in enumerate(zip(results, alone * 2)):
+        dev, parted_at_tie = logprob_deviation(got, ref)
+        assert dev <= LOGPROB_TOL, f"request {i}: log-probabilities differ by {dev:.3g} from the same request alone"
+        assert parted_at_tie, f"request {i}: the greedy answer parts from the same request alone without a near tie"
+
+
+def test_cached_prompt_prefix_is_not_reused_for_another_image(server):
+    """The tokens before the image attend it too (uniformly, as in transformers), so the memory of a cached prompt
+    computed with another image must not be reused, even for the text before the image; with the same image it is."""
+    other, image = png_data_url(56, 28, 20), png_data_url(28, 84, 21)  # used by no other test
+    answer(server, chat_body(other))  # a prompt with the same text and another image is now in a slot and cached
+    got, timings = answer_with_logprobs(server, image)
+    assert timings["cache_n"] == 0, "the cached prefix of a prompt with another image was reused"
+    uncached, timings = answer_with_logprobs(server, image, cache_prompt=False)
+    assert timings["cache_n"] == 0
+    dev, parted_at_tie = logprob_deviation(got, uncached)
+    assert dev <= LOGPROB_TOL and parted_at_tie, dev
+    # the same image again: all the prompt but its last token comes from the cache
+    again, timings = answer_with_logprobs(server, image)
+    assert timings["prompt_n"] == 1 and timings["cache_n"] > 0
+    dev, parted_at_tie = logprob_deviation(again, got)
+    assert dev <= LOGPROB_TOL and parted_at_tie, dev
 
 
 def test_malformed_image_is_rejected_and_server_stays_up(server):
