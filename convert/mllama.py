@@ -184,6 +184,22 @@ class MllamaTextSource:
             return f"blk.{il}.{_TEXT_LAYER_MAP[m.group(2)]}"
         raise ConvertError(f"{self.model_dir}: cannot map text tensor {name!r}")
 
+    canonical = staticmethod(canonical_name)
+
+    @staticmethod
+    def owns_weight(hf_name: str) -> bool:
+        """True for the HF tensors (any naming of the checkpoint or of the loaded model) this file holds."""
+        return (canonical_name(hf_name) or "").startswith("text.")
+
+    def layout(self, hf_name: str, w: np.ndarray) -> np.ndarray:
+        """An HF tensor in llama.cpp's layout: the self-attention q/k rows are permuted for RoPE."""
+        hp = self.hp.base
+        if hf_name.endswith("self_attn.q_proj.weight"):
+            return hf_to_meta_rope_rows(w, hp.n_head)
+        if hf_name.endswith("self_attn.k_proj.weight"):
+            return hf_to_meta_rope_rows(w, hp.n_head_kv)
+        return w
+
     def tensor_jobs(self) -> list[TensorJob]:
         hp = self.hp.base
         jobs: list[TensorJob] = []
@@ -192,13 +208,8 @@ class MllamaTextSource:
             jobs.append(TensorJob("rope_freqs.weight", factors.shape, lambda: factors, "rope_parameters"))
         for name in sorted(self.records, key=_natural_key):
             rec = self.records[name]
-            gname = self._gguf_name(name)
-            load = None
-            if name.endswith("self_attn.q_proj.weight"):
-                load = (lambda r: lambda: hf_to_meta_rope_rows(r.load_f32(), hp.n_head))(rec)
-            elif name.endswith("self_attn.k_proj.weight"):
-                load = (lambda r: lambda: hf_to_meta_rope_rows(r.load_f32(), hp.n_head_kv))(rec)
-            jobs.append(_job(gname, rec, load))
+            load = (lambda r: lambda: self.layout(r.name, r.load_f32()))(rec)
+            jobs.append(_job(self._gguf_name(name), rec, load))
         have = {j.name for j in jobs}
         for need in ("token_embd.weight", "output.weight", "output_norm.weight"):
             if need not in have:
@@ -344,6 +355,18 @@ class MllamaVisionSource:
             prefix = "v" if m.group(1) == "transformer" else "v.global"
             return f"{prefix}.blk.{int(m.group(2))}.{_VISION_LAYER_MAP[m.group(3)]}"
         raise ConvertError(f"{self.model_dir}: cannot map vision tensor {name!r}")
+
+    canonical = staticmethod(canonical_name)
+
+    @staticmethod
+    def owns_weight(hf_name: str) -> bool:
+        """True for the HF tensors (any naming of the checkpoint or of the loaded model) this file holds."""
+        return (canonical_name(hf_name) or "").startswith(("vision.", "proj."))
+
+    @staticmethod
+    def layout(hf_name: str, w: np.ndarray) -> np.ndarray:
+        """Vision tensors are stored in HF's layout (no RoPE permutation)."""
+        return w
 
     def tensor_jobs(self) -> list[TensorJob]:
         jobs = [_job(self._gguf_name(n), self.records[n]) for n in sorted(self.records, key=_natural_key)]

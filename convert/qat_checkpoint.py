@@ -37,18 +37,22 @@ def read_qat_checkpoint(path: Path) -> dict[str, Any]:
 def apply_qat_checkpoint(source: ModelSource, path: Path, options: ConversionOptions) -> tuple[ModelSource, ConversionOptions]:
     """A source whose tensors come from the checkpoint, and options carrying its frozen S3D8 codebooks."""
     ck = read_qat_checkpoint(path)
-    weights = ck["model"]
     layout: Callable[[str, np.ndarray], np.ndarray] | None = getattr(source, "layout", None)
     if layout is None:
         raise ConvertError("--qat-checkpoint needs an HF checkpoint directory of the teacher as MODEL")
-    specs = {s["gguf_name"]: s for s in ck["specs"].values()}
+    # sources whose checkpoint naming may differ from the student's (mllama) match names in a canonical form;
+    # a model written as several files (mllama: text + mmproj) takes the weights that its file holds
+    canonical: Callable[[str], str | None] = getattr(source, "canonical", lambda n: n)
+    owns: Callable[[str], bool] = getattr(source, "owns_weight", lambda n: True)
+    weights = {canonical(k): v for k, v in ck["model"].items() if owns(k)}
+    specs = {s["gguf_name"]: s for s in ck["specs"].values() if owns(s["hf_name"])}
     jobs: list[TensorJob] = []
     codebooks: dict[str, np.ndarray] = {}
     for job in source.tensor_jobs():
-        if job.source not in weights:
+        if canonical(job.source) not in weights:
             jobs.append(job)
             continue
-        w = weights[job.source].detach().float().numpy()
+        w = weights[canonical(job.source)].detach().float().numpy()
         if tuple(w.shape) != tuple(job.shape):
             raise ConvertError(f"{path}: tensor {job.source} has shape {tuple(w.shape)}, the model has {job.shape}")
         spec = specs.get(job.name)

@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--qat-checkpoint", type=Path, metavar="PATH", default=None,
                    help="write the trained student of a qat.train checkpoint (its fp32 weights and frozen S3D8 "
                         "codebooks; MODEL is the teacher's HF directory, for config and tokenizer): the file's "
-                        "dequantised weights equal the student's fake-quantised ones bit for bit")
+                        "dequantised weights equal the student's fake-quantised ones bit for bit (with --mmproj "
+                        "also the vision file's; --mmproj-type must be the training's --vision-type)")
     p.add_argument("--tokenizer-pre", metavar="NAME", default=None,
                    help="llama.cpp pre-tokenizer name (tokenizer.ggml.pre) when it cannot be detected, "
                         "e.g. llama-bpe or smollm")
@@ -184,7 +185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             mopts = ConversionOptions(out_type=args.mmproj_type or args.out_type, fallback_type=args.fallback_type,
                                       s3d8=options.s3d8)
-            print(write_gguf(vision_source(args.model), args.mmproj, mopts, progress=not args.no_progress,
+            vision: ModelSource = vision_source(args.model)
+            if args.qat_checkpoint is not None:
+                from .qat_checkpoint import apply_qat_checkpoint
+
+                vision, mopts = apply_qat_checkpoint(vision, args.qat_checkpoint, mopts)
+            print(write_gguf(vision, args.mmproj, mopts, progress=not args.no_progress,
                              dry_run=args.dry_run).format_table())
         if args.report_json is not None:
             _write_report_json(report, args.report_json)
@@ -217,8 +223,6 @@ def _check_mmproj_args(args: argparse.Namespace) -> None:
 
     if args.model.is_file() or not is_mllama(args.model):
         raise ConvertError(f"{args.model}: --mmproj needs an HF MllamaForConditionalGeneration directory")
-    if args.qat_checkpoint is not None:
-        raise ConvertError("--mmproj cannot be combined with --qat-checkpoint (QAT checkpoints hold text models)")
     if args.outfile is not None and args.mmproj.resolve() == args.outfile.resolve():
         raise ConvertError("--mmproj and --outfile name the same file")
 

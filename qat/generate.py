@@ -14,7 +14,8 @@
 Backends:
 
 * transformers (``--model DIR``): an HF ``MllamaForConditionalGeneration`` checkpoint with its processor
-  (``AutoProcessor``; the processor's chat template renders the chat turn), or in ``--text-only`` mode any
+  (``AutoProcessor``; the processor's chat template renders the chat turn; vision features taken as llama.cpp
+  does, :func:`qat.mllama_hf.meta_taps`), or in ``--text-only`` mode any
   causal LM (its tokenizer's chat template). One sample at a time (batch 1), so that every sample depends
   only on ``(seed, i)``, not on what else is in its batch. Without a chat template the recipe's Llama
   turn is used.
@@ -257,7 +258,12 @@ class TransformersTeacher:
         inputs = self._inputs(job).to(self.device)
         n_in = inputs["input_ids"].shape[1]
         torch.manual_seed(job.gen_seed)
-        with torch.inference_mode():
+        from contextlib import nullcontext
+
+        from qat.mllama_hf import meta_taps
+
+        # mllama: the vision features as llama.cpp computes them (the GGUF the student is exported to)
+        with torch.inference_mode(), (meta_taps() if self.is_mllama else nullcontext()):
             out = self.model.generate(**inputs, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
                                       max_new_tokens=cfg.max_new_tokens, pad_token_id=self.pad_id)
         new = out[0, n_in:].tolist()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from torch.nn import functional as F
 from qat.ggml_torch import f16_round, q8_0_activations, q8_0_dequantised
 from qat.s3d8_torch import fake_quant_activations, s3d8_dequantised
 
-__all__ = ["WeightSpec", "plan_weights", "fake_quant_weight", "quantise_student", "QuantLinear", "QuantEmbedding",
+__all__ = ["WeightSpec", "plan_weights", "plan_weights_from_sources", "fake_quant_weight", "quantise_student", "QuantLinear", "QuantEmbedding",
            "student_specs"]
 
 WEIGHT_TYPES = ("s3d8", "q8_0", "f16", "bf16", "f32")
@@ -104,6 +104,58 @@ def plan_weights(model: nn.Module, *, fallback_type: str = "q8_0", centroid_rule
             w_gguf = (w if perm is None else w[perm]).numpy()
             codebook = torch.from_numpy(gguf_s3d8.fit_codebook(w_gguf, centroid_rule=rule, seed=seed, name=gguf_name))
         specs[hf_name] = WeightSpec(hf_name, gguf_name, qtype, perm, codebook)
+    return specs
+
+
+def plan_weights_from_sources(model: nn.Module, parts: Sequence[tuple[Any, str]], *, fallback_type: str = "q8_0",
+                              centroid_rule: str | None = None, seed: int = 0,
+                              progress: bool = False) -> dict[str, WeightSpec]:
+    """A :class:`WeightSpec` per Linear/Embedding weight, planned from the converter's own sources.
+
+    ``parts`` pairs each output file's source (``convert.mllama.text_source`` / ``vision_source``: tensor jobs,
+    ``canonical`` names, ``layout``) with the ``--type`` that file is written with, so GGUF names, row layouts and
+    types are exactly the converter's (e.g. mllama: text model S3D8, vision encoder and projector per
+    ``--mmproj-type``; the vision tile tables are F32 there).
+    """
+    import gguf_s3d8
+
+    from convert.tensor_types import choose_type
+
+    rule = centroid_rule or gguf_s3d8.DEFAULT_CENTROID_RULE
+    jobs: dict[str, tuple[Any, Any, str]] = {}
+    for source, out_type in parts:
+        for job in source.tensor_jobs():
+            name = source.canonical(job.source)
+            if name is not None:
+                jobs[name] = (job, source, out_type)
+    seen: set[int] = set()
+    specs: dict[str, WeightSpec] = {}
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+    from tqdm import tqdm
+
+    for mod_name, mod in tqdm(mods, desc="Fitting codebooks", disable=not progress, leave=False):
+        hf_name = f"{mod_name}.weight"
+        if id(mod.weight) in seen:
+            continue
+        seen.add(id(mod.weight))
+        found = jobs.get(parts[0][0].canonical(hf_name) or "")
+        if found is None:
+            raise ValueError(f"{hf_name}: the converter writes no tensor for this weight")
+        job, source, out_type = found
+        w = mod.weight.detach().to(torch.float32)
+        qtype = choose_type(job.name, job.shape, out_type, fallback_type).qtype.name.lower()
+        perm = None
+        codebook = None
+        if qtype != "f32":
+            if tuple(w.shape) != tuple(job.shape):
+                raise ValueError(f"{hf_name}: shape {tuple(w.shape)}, the converter writes {job.name} as {job.shape}")
+            rows = np.arange(w.shape[0])
+            perm_np = source.layout(job.source, rows[:, None])[:, 0]
+            perm = None if np.array_equal(perm_np, rows) else torch.from_numpy(np.ascontiguousarray(perm_np))
+        if qtype == "s3d8":
+            w_gguf = (w if perm is None else w[perm]).numpy()
+            codebook = torch.from_numpy(gguf_s3d8.fit_codebook(w_gguf, centroid_rule=rule, seed=seed, name=job.name))
+        specs[hf_name] = WeightSpec(hf_name, job.name, qtype, perm, codebook)
     return specs
 
 

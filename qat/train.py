@@ -1,10 +1,17 @@
-"""Self-distillation QAT of an HF Llama to S3D8 (reference recipe §4), on CPU or under ``torchrun``.
+"""Self-distillation QAT of an HF Llama or Llama 3.2 Vision (mllama) to S3D8 (reference recipe §4), on CPU or
+under ``torchrun``.
 
 ``python -m qat.train --help`` explains every option. The student (:mod:`qat.student`) computes with exactly
 the weights and activation quantisation the exported GGUF (``convert/to_gguf.py --type s3d8 --qat-checkpoint``)
 will use; the loss is the forward KL(teacher || student) over the full vocabulary at the positions that predict
 response tokens, summed and divided by the number of such tokens in the global batch. AdamW (0.9, 0.95, no
 weight decay), cosine schedule without warm-up, no gradient clipping; every parameter is trained, in fp32.
+
+mllama: every sample has one image (``qat.generate`` output); the student fake-quantises the text model to S3D8
+and the vision encoder and projector to ``--vision-type`` (the converter's ``--mmproj-type``), types and layouts
+planned from the converter's own sources; teacher and student take the vision features as llama.cpp does
+(:func:`qat.mllama_hf.meta_taps`). The patch-embedding convolution, norms, gates and position tables are trained
+unquantised, as in the recipe (the GGUF stores the convolution in F16).
 
 Determinism: the global batch of step s is a pure function of (seed, s) (a seeded permutation per epoch), so a
 run resumed from a checkpoint continues with the same batches; on CPU the loss curve of a resumed run equals
@@ -50,26 +57,33 @@ class Example:
 
     ids: list[int]
     first_loss_pos: int  # positions first_loss_pos .. len(ids) - 2 predict response tokens
+    image: str | None = None  # path of the sample's image (mllama)
 
 
-def tokenise_samples(samples: Sequence[Any], tokenizer: Any, seq_len: int) -> list[Example]:
+def tokenise_samples(samples: Sequence[Any], tokenizer: Any, seq_len: int,
+                     image_token_id: int | None = None) -> list[Example]:
     """Training examples of ``qat.data.Sample`` s: ``prompt_text + response`` (+ EOS when the teacher stopped).
 
     Prompt and response are tokenised separately (``add_special_tokens=False``), so the boundary is exact; the
     loss positions are those whose next token is a response token. Samples whose prompt leaves no response
-    token within ``seq_len`` are dropped.
+    token within ``seq_len`` are dropped. With ``image_token_id`` (mllama) every sample must have an image and
+    exactly one image token in its prompt; without it (text models) no sample may have an image.
     """
     out: list[Example] = []
     for s in samples:
-        if s.image is not None:
-            raise TrainError(f"sample {s.id} has an image; qat.train handles text-only data")
+        if image_token_id is None and s.image is not None:
+            raise TrainError(f"sample {s.id} has an image; a text model trains on text-only data")
+        if image_token_id is not None and s.image is None:
+            raise TrainError(f"sample {s.id} has no image; mllama training needs an image per sample")
         p = tokenizer(s.prompt_text, add_special_tokens=False)["input_ids"]
+        if image_token_id is not None and p.count(image_token_id) != 1:
+            raise TrainError(f"sample {s.id}: the prompt has {p.count(image_token_id)} image tokens, expected 1")
         r = tokenizer(s.response, add_special_tokens=False)["input_ids"]
         if s.finish_reason == "stop" and tokenizer.eos_token_id is not None:
             r = r + [tokenizer.eos_token_id]
         ids = (p + r)[:seq_len]
         if len(p) >= 1 and len(ids) > len(p):
-            out.append(Example(ids, len(p) - 1))
+            out.append(Example(ids, len(p) - 1, s.image))
     return out
 
 
@@ -95,6 +109,37 @@ def collate(examples: Sequence[Example], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, attn, mask
 
 
+class Batcher:
+    """Model inputs and loss mask of a list of examples: text only, or with the images of mllama samples."""
+
+    def __init__(self, pad_id: int, processor: Any = None, image_token_id: int | None = None,
+                 max_num_tiles: int = 4) -> None:
+        self.pad_id, self.processor, self.image_token_id, self.max_num_tiles = pad_id, processor, image_token_id, max_num_tiles
+        self._images: dict[str, Any] = {}
+
+    def _image(self, path: str) -> Any:
+        if path not in self._images:
+            from qat.generate import load_rgb
+
+            try:
+                self._images[path] = load_rgb(Path(path))
+            except Exception as e:  # PIL raises assorted types for unreadable files
+                raise TrainError(f"{path}: cannot read the sample's image ({e})") from e
+        return self._images[path]
+
+    def __call__(self, examples: Sequence[Example]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        ids, attn, mask = collate(examples, self.pad_id)
+        inputs = {"input_ids": ids, "attention_mask": attn}
+        if self.image_token_id is not None:
+            from qat.mllama_hf import cross_attention_mask, image_batch
+
+            img = image_batch(self.processor.image_processor, [self._image(e.image) for e in examples])
+            cam = cross_attention_mask([e.ids for e in examples], self.image_token_id, img.pop("num_tiles"),
+                                       self.max_num_tiles, ids.shape[1])
+            inputs.update(img, cross_attention_mask=torch.from_numpy(cam))
+        return inputs, mask
+
+
 def n_loss_tokens(examples: Sequence[Example]) -> int:
     return sum(len(e.ids) - 1 - e.first_loss_pos for e in examples)
 
@@ -110,8 +155,8 @@ class SelectedLogits(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.lm.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, mask: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
+        hidden = self.lm.model(**inputs).last_hidden_state
         return self.lm.lm_head(hidden[mask])
 
 
@@ -122,30 +167,53 @@ def kl_sum(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.
     return (lt.exp() * (lt - ls)).sum()
 
 
-def load_teacher(path: Path) -> nn.Module:
-    from transformers import AutoModelForCausalLM
+SUPPORTED_MODEL_TYPES = ("llama", "mllama")
 
-    if not (path / "config.json").is_file():
-        raise TrainError(f"{path}: not an HF checkpoint directory (config.json missing)")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    if model.config.model_type != "llama":
-        raise TrainError(f"{path}: model_type {model.config.model_type!r}; qat.train supports llama")
+
+def model_type(path: Path) -> str:
+    """The checkpoint's ``model_type`` (raises TrainError unless it is one qat.train supports)."""
+    cfg_path = Path(path) / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TrainError(f"{path}: not an HF checkpoint directory (config.json missing)") from None
+    except (OSError, ValueError) as e:
+        raise TrainError(f"{cfg_path}: cannot read ({e})") from e
+    mt = cfg.get("model_type") if isinstance(cfg, dict) else None
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise TrainError(f"{path}: model_type {mt!r}; qat.train supports {', '.join(SUPPORTED_MODEL_TYPES)}")
+    return mt
+
+
+def load_teacher(path: Path) -> nn.Module:
+    if model_type(path) == "mllama":
+        from transformers import MllamaForConditionalGeneration as Model
+    else:
+        from transformers import AutoModelForCausalLM as Model
+    model = Model.from_pretrained(path, dtype=torch.float32)
     model.eval().requires_grad_(False)
     return model
 
 
 def build_student(teacher_dir: Path, *, specs_state: dict[str, Any] | None = None, fallback_type: str = "q8_0",
                   centroid_rule: str | None = None, seed: int = 0, act_quant: bool = True,
-                  progress: bool = False) -> nn.Module:
+                  progress: bool = False, vision_type: str = "s3d8") -> nn.Module:
     """A fresh fp32 copy of the teacher with every Linear/Embedding fake-quantised.
 
-    Codebooks are fitted here (once) unless ``specs_state`` (from a checkpoint) provides them.
+    Codebooks are fitted here (once) unless ``specs_state`` (from a checkpoint) provides them. ``vision_type``:
+    the type of the mllama vision encoder and projector matrices (the converter's ``--mmproj-type``).
     """
-    from qat.student import WeightSpec, plan_weights, quantise_student
+    from qat.student import WeightSpec, plan_weights, plan_weights_from_sources, quantise_student
 
     model = load_teacher(teacher_dir)
     model.requires_grad_(True)
-    if specs_state is None:
+    if specs_state is None and model.config.model_type == "mllama":
+        from convert.mllama import text_source, vision_source
+
+        specs = plan_weights_from_sources(model, [(text_source(teacher_dir), "s3d8"), (vision_source(teacher_dir), vision_type)],
+                                          fallback_type=fallback_type, centroid_rule=centroid_rule, seed=seed,
+                                          progress=progress)
+    elif specs_state is None:
         specs = plan_weights(model, fallback_type=fallback_type, centroid_rule=centroid_rule, seed=seed,
                              progress=progress)
     else:
@@ -206,7 +274,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def student_from_checkpoint(path: Path, teacher_dir: Path | None = None, *, act_quant: bool = True) -> nn.Module:
-    """The student of a checkpoint (frozen codebooks, master weights), e.g. for evaluation."""
+    """The student of a checkpoint (frozen codebooks, master weights), e.g. for evaluation (an mllama student
+    computes with llama.cpp's vision semantics inside :func:`qat.mllama_hf.meta_taps`)."""
     ck = load_checkpoint(path)
     student = build_student(Path(teacher_dir or ck["teacher"]), specs_state=ck["specs"], act_quant=act_quant)
     student.load_state_dict(ck["model"])
@@ -246,15 +315,24 @@ def train(args: argparse.Namespace) -> list[float]:
     out_dir.mkdir(parents=True, exist_ok=True)
     ck_path = out_dir / CHECKPOINT_NAME
 
-    from transformers import AutoTokenizer, get_scheduler
+    from transformers import AutoProcessor, AutoTokenizer, get_scheduler
 
     from qat.data import read_samples
 
-    tokenizer = AutoTokenizer.from_pretrained(args.teacher)
+    mllama = model_type(args.teacher) == "mllama"
+    processor = AutoProcessor.from_pretrained(args.teacher) if mllama else None
+    tokenizer = processor.tokenizer if mllama else AutoTokenizer.from_pretrained(args.teacher)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    image_token_id = None
+    if mllama:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(args.teacher)
+        image_token_id = int(cfg.image_token_index)
+    batcher = Batcher(pad_id, processor, image_token_id, int(cfg.vision_config.max_num_tiles) if mllama else 4)
     if not args.data.is_file():
         raise TrainError(f"{args.data}: no such data file")
-    examples = tokenise_samples(read_samples(args.data), tokenizer, args.seq_len)
+    examples = tokenise_samples(read_samples(args.data), tokenizer, args.seq_len, image_token_id)
     if not examples:
         raise TrainError(f"{args.data}: no sample has a response token within --seq-len {args.seq_len}")
 
@@ -265,7 +343,7 @@ def train(args: argparse.Namespace) -> list[float]:
     progress = not args.no_progress and rank == 0
     student = build_student(args.teacher, specs_state=ck["specs"] if ck else None, fallback_type=args.fallback_type,
                             centroid_rule=args.centroid_rule, seed=args.seed, act_quant=not args.no_act_quant,
-                            progress=progress)
+                            progress=progress, vision_type=args.vision_type)
     if ck is not None:
         student.load_state_dict(ck["model"])
     if args.train_only == "s3d8":
@@ -303,6 +381,10 @@ def train(args: argparse.Namespace) -> list[float]:
                 "model": student.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
 
     stop_at = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
+    if mllama:
+        from qat.mllama_hf import meta_taps as taps
+    else:
+        taps = nullcontext
     from tqdm import tqdm
 
     bar = tqdm(total=args.steps, initial=step, desc="QAT", unit="step", disable=not progress, file=sys.stderr,
@@ -314,13 +396,14 @@ def train(args: argparse.Namespace) -> list[float]:
         mine = idx[rank * local:(rank + 1) * local]
         total = torch.zeros((), dtype=torch.float64, device=device)
         for m0 in range(0, local, micro):
-            ids, attn, mask = (t.to(device) for t in collate([examples[i] for i in mine[m0:m0 + micro]], pad_id))
-            with torch.no_grad():
-                t_logits = teacher_net(ids, attn, mask)
+            inputs, mask = batcher([examples[i] for i in mine[m0:m0 + micro]])
+            inputs, mask = {k: v.to(device) for k, v in inputs.items()}, mask.to(device)
+            with torch.no_grad(), taps():
+                t_logits = teacher_net(mask, **inputs)
             last = m0 + micro >= local
             ctx = net.no_sync() if world > 1 and not last else nullcontext()
-            with ctx:
-                s = kl_sum(t_logits, net(ids, attn, mask))
+            with ctx, taps():
+                s = kl_sum(t_logits, net(mask, **inputs))
                 (s * (world / n_tok)).backward()
             total += s.detach().double()
         if world > 1:
@@ -364,7 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  torchrun --nproc_per_node 2 -m qat.train ... (same options; --batch is the global batch)\n"
                "exit status: 0 ok, 2 bad input/options, 130 interrupted (the last checkpoint is intact)")
     p.add_argument("--teacher", type=Path, required=True, metavar="DIR",
-                   help="HF checkpoint directory of the teacher (LlamaForCausalLM); the student starts as its copy")
+                   help="HF checkpoint directory of the teacher (LlamaForCausalLM or MllamaForConditionalGeneration); "
+                        "the student starts as its copy")
     p.add_argument("--data", type=Path, required=True, metavar="JSONL",
                    help="synthetic samples (qat.data schema, e.g. from python -m qat.generate --text-only)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
@@ -379,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the codebook fit and the batch order (default %(default)s)")
     p.add_argument("--fallback-type", choices=("q8_0", "f16", "bf16", "f32"), default="q8_0",
                    help="type of the matrices S3D8 cannot hold; must match the converter's --fallback-type (default %(default)s)")
+    p.add_argument("--vision-type", choices=("s3d8", "q8_0", "f16", "bf16", "f32"), default="s3d8",
+                   help="mllama: type of the vision encoder and projector matrices; export with the same "
+                        "--mmproj-type (default %(default)s, as the recipe)")
     p.add_argument("--centroid-rule", choices=("round", "trunc"), default=None,
                    help="S3D8 centroid rule of the codebook fit (default: the codec's)")
     p.add_argument("--train-only", choices=("all", "s3d8"), default="all",

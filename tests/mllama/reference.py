@@ -2,42 +2,21 @@
 
 transformers 5.23 takes the vision encoder's intermediate "taps" from the *output* of the listed layers;
 Meta's reference (and transformers 4.46, ollama, and our llama.cpp port) take the *input* of those layers
-(mllama.md section 3.4). :func:`patch_meta_taps` switches transformers to Meta's semantics; the tests
-always compare against the patched model.
+(mllama.md section 3.4). :func:`qat.mllama_hf.meta_taps` (here ``patch_meta_taps``) switches transformers to
+Meta's semantics; the tests always compare against the patched model.
 
 Everything runs in float32 with eager attention, so masks are applied exactly as written.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-
-@contextlib.contextmanager
-def patch_meta_taps():
-    """Within the block, ``MllamaVisionEncoder`` records the state *before* each layer (Meta semantics)."""
-    from transformers.modeling_outputs import BaseModelOutput
-    from transformers.models.mllama import modeling_mllama as mm
-
-    original = mm.MllamaVisionEncoder.forward
-
-    def forward(self, hidden_states, attention_mask=None):
-        states = ()
-        for layer in self.layers:
-            states = states + (hidden_states,)
-            hidden_states = layer(hidden_states=hidden_states, attention_mask=attention_mask)
-        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=states)
-
-    mm.MllamaVisionEncoder.forward = forward
-    try:
-        yield
-    finally:
-        mm.MllamaVisionEncoder.forward = original
+from qat.mllama_hf import meta_taps as patch_meta_taps
 
 
 def load_model(model_dir: Path):
@@ -68,11 +47,9 @@ def preprocess(images: Sequence["object"]) -> ImageInputs:
 
 def cross_attention_mask(input_ids: Sequence[int], image_token_id: int, num_tiles: list[int],
                          max_num_tiles: int = 4) -> np.ndarray:
-    from transformers.models.mllama.processing_mllama import (convert_sparse_cross_attention_mask_to_dense,
-                                                              get_cross_attention_token_mask)
+    from qat.mllama_hf import cross_attention_mask as batch_mask
 
-    sparse = get_cross_attention_token_mask(list(input_ids), image_token_id)
-    return convert_sparse_cross_attention_mask_to_dense([sparse], [num_tiles], max_num_tiles, len(input_ids))
+    return batch_mask([input_ids], image_token_id, [num_tiles], max_num_tiles, len(input_ids))
 
 
 @dataclass

@@ -82,6 +82,14 @@ TINY_CONFIG: dict[str, Any] = {
     },
 }
 
+#: A smaller variant for the QAT pipeline test (a few training steps must take seconds): the widths of TINY_CONFIG
+#: (S3D8 needs k % 128 == 0 and enough rows of slack for its header) with 2 text layers (one cross-attention) and
+#: one local + one global vision layer (one tap).
+QAT_CONFIG: dict[str, Any] = copy.deepcopy(TINY_CONFIG)
+QAT_CONFIG["text_config"].update({"num_hidden_layers": 2, "cross_attention_layers": [1]})
+QAT_CONFIG["vision_config"].update({"num_hidden_layers": 1, "intermediate_layers_indices": [0],
+                                    "vision_output_dim": 2560})
+
 # bump when the recipe (not the config) changes, so cached checkpoints are rebuilt
 _RECIPE_VERSION = 2
 
