@@ -63,6 +63,45 @@ class WeightSpec:
 # planning: which type, which layout, which codebook
 
 
+#: Where the converter puts an HF weight: (GGUF name, GGUF shape, GGUF type, row permutation or None).
+Placement = tuple[str, tuple[int, ...], str, "torch.Tensor | None"]
+
+
+def _plan(model: nn.Module, place: Callable[[str, torch.Tensor], Placement], *, centroid_rule: str | None,
+          seed: int, progress: bool) -> dict[str, WeightSpec]:
+    """A spec per distinct Linear/Embedding weight (tied weights once, under the first name), placed by ``place``;
+    S3D8 codebooks are fitted on the weight in the GGUF's row order."""
+    import gguf_s3d8
+    from tqdm import tqdm
+
+    rule = centroid_rule or gguf_s3d8.DEFAULT_CENTROID_RULE
+    seen: set[int] = set()
+    specs: dict[str, WeightSpec] = {}
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+    for mod_name, mod in tqdm(mods, desc="Fitting codebooks", disable=not progress, leave=False):
+        hf_name = f"{mod_name}.weight"
+        if id(mod.weight) in seen:
+            continue
+        seen.add(id(mod.weight))
+        w = mod.weight.detach().to(torch.float32)
+        gguf_name, gguf_shape, qtype, perm = place(hf_name, w)
+        if qtype != "f32" and tuple(w.shape) != tuple(gguf_shape):
+            raise ValueError(f"{hf_name}: shape {tuple(w.shape)}, the converter writes {gguf_name} as {gguf_shape}")
+        codebook = None
+        if qtype == "s3d8":
+            w_gguf = (w if perm is None else w[perm]).numpy()
+            codebook = torch.from_numpy(gguf_s3d8.fit_codebook(w_gguf, centroid_rule=rule, seed=seed, name=gguf_name))
+        specs[hf_name] = WeightSpec(hf_name, gguf_name, qtype, perm, codebook)
+    return specs
+
+
+def _row_permutation(layout: Callable[[str, np.ndarray], np.ndarray], hf_name: str, n: int) -> torch.Tensor | None:
+    """GGUF row r = HF row perm[r] under ``layout`` (None when it keeps the order)."""
+    rows = np.arange(n)
+    perm = np.asarray(layout(hf_name, rows[:, None]))[:, 0]
+    return None if np.array_equal(perm, rows) else torch.from_numpy(np.ascontiguousarray(perm))
+
+
 def plan_weights(model: nn.Module, *, fallback_type: str = "q8_0", centroid_rule: str | None = None,
                  seed: int = 0, progress: bool = False) -> dict[str, WeightSpec]:
     """A :class:`WeightSpec` per Linear/Embedding weight of an HF Llama (keyed by HF parameter name).
@@ -71,7 +110,6 @@ def plan_weights(model: nn.Module, *, fallback_type: str = "q8_0", centroid_rule
     checkpoint stores (the embedding), exactly as the converter writes only ``token_embd``.
     """
     import gguf
-    import gguf_s3d8
 
     from convert.llama import meta_layout
     from convert.tensor_types import choose_type
@@ -79,32 +117,16 @@ def plan_weights(model: nn.Module, *, fallback_type: str = "q8_0", centroid_rule
     cfg = model.config
     name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
     n_head, n_head_kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
-    rule = centroid_rule or gguf_s3d8.DEFAULT_CENTROID_RULE
-    seen: dict[int, str] = {}
-    specs: dict[str, WeightSpec] = {}
-    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
-    from tqdm import tqdm
 
-    for mod_name, mod in tqdm(mods, desc="Fitting codebooks", disable=not progress, leave=False):
-        hf_name = f"{mod_name}.weight"
-        if id(mod.weight) in seen:
-            continue
-        seen[id(mod.weight)] = hf_name
+    def place(hf_name: str, w: torch.Tensor) -> Placement:
         gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight",))
         if gguf_name is None:
             raise ValueError(f"cannot map {hf_name!r} to a llama GGUF tensor name")
-        w = mod.weight.detach().to(torch.float32)
-        n = w.shape[0]
-        perm_np = meta_layout(hf_name, np.arange(n), n_head=n_head, n_head_kv=n_head_kv)
-        perm = None if np.array_equal(perm_np, np.arange(n)) else torch.from_numpy(np.ascontiguousarray(perm_np))
-        choice = choose_type(gguf_name, tuple(w.shape), "s3d8", fallback_type)
-        qtype = choice.qtype.name.lower()
-        codebook = None
-        if qtype == "s3d8":
-            w_gguf = (w if perm is None else w[perm]).numpy()
-            codebook = torch.from_numpy(gguf_s3d8.fit_codebook(w_gguf, centroid_rule=rule, seed=seed, name=gguf_name))
-        specs[hf_name] = WeightSpec(hf_name, gguf_name, qtype, perm, codebook)
-    return specs
+        perm = _row_permutation(lambda n, a: meta_layout(n, a, n_head=n_head, n_head_kv=n_head_kv), hf_name, w.shape[0])
+        qtype = choose_type(gguf_name, tuple(w.shape), "s3d8", fallback_type).qtype.name.lower()
+        return gguf_name, tuple(w.shape), qtype, perm
+
+    return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress)
 
 
 def plan_weights_from_sources(model: nn.Module, parts: Sequence[tuple[Any, str]], *, fallback_type: str = "q8_0",
@@ -117,46 +139,26 @@ def plan_weights_from_sources(model: nn.Module, parts: Sequence[tuple[Any, str]]
     types are exactly the converter's (e.g. mllama: text model S3D8, vision encoder and projector per
     ``--mmproj-type``; the vision tile tables are F32 there).
     """
-    import gguf_s3d8
-
     from convert.tensor_types import choose_type
 
-    rule = centroid_rule or gguf_s3d8.DEFAULT_CENTROID_RULE
     jobs: dict[str, tuple[Any, Any, str]] = {}
     for source, out_type in parts:
         for job in source.tensor_jobs():
             name = source.canonical(job.source)
             if name is not None:
                 jobs[name] = (job, source, out_type)
-    seen: set[int] = set()
-    specs: dict[str, WeightSpec] = {}
-    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
-    from tqdm import tqdm
+    canonical = parts[0][0].canonical
 
-    for mod_name, mod in tqdm(mods, desc="Fitting codebooks", disable=not progress, leave=False):
-        hf_name = f"{mod_name}.weight"
-        if id(mod.weight) in seen:
-            continue
-        seen.add(id(mod.weight))
-        found = jobs.get(parts[0][0].canonical(hf_name) or "")
+    def place(hf_name: str, w: torch.Tensor) -> Placement:
+        found = jobs.get(canonical(hf_name) or "")
         if found is None:
             raise ValueError(f"{hf_name}: the converter writes no tensor for this weight")
         job, source, out_type = found
-        w = mod.weight.detach().to(torch.float32)
         qtype = choose_type(job.name, job.shape, out_type, fallback_type).qtype.name.lower()
-        perm = None
-        codebook = None
-        if qtype != "f32":
-            if tuple(w.shape) != tuple(job.shape):
-                raise ValueError(f"{hf_name}: shape {tuple(w.shape)}, the converter writes {job.name} as {job.shape}")
-            rows = np.arange(w.shape[0])
-            perm_np = source.layout(job.source, rows[:, None])[:, 0]
-            perm = None if np.array_equal(perm_np, rows) else torch.from_numpy(np.ascontiguousarray(perm_np))
-        if qtype == "s3d8":
-            w_gguf = (w if perm is None else w[perm]).numpy()
-            codebook = torch.from_numpy(gguf_s3d8.fit_codebook(w_gguf, centroid_rule=rule, seed=seed, name=job.name))
-        specs[hf_name] = WeightSpec(hf_name, job.name, qtype, perm, codebook)
-    return specs
+        perm = None if qtype == "f32" else _row_permutation(source.layout, job.source, w.shape[0])
+        return job.name, tuple(job.shape), qtype, perm
+
+    return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------------
