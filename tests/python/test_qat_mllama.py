@@ -136,8 +136,8 @@ def test_llama_cpp_logits_match_student(pipeline, tmp_path) -> None:
 def test_llama_mtmd_cli_answers_about_a_photo(pipeline) -> None:
     """The user's command on the exported pair answers (greedy: run twice, same bytes).
 
-    One thread: with 2 threads a quantised mmproj (S3D8 or Q8_0) makes the answer change between runs now and then - an open bug,
-    see docs/mllama.md "Known limitations"."""
+    One thread: with 2 threads a quantised mmproj (S3D8 or Q8_0) makes the answer change between runs now and
+    then - an open bug, see docs/mllama.md "Known limitations"."""
     from qat.generate import default_image_dir, list_images
 
     photo = list_images(default_image_dir())[0]
