@@ -49,10 +49,11 @@ def apply_qat_checkpoint(source: ModelSource, path: Path, options: ConversionOpt
     jobs: list[TensorJob] = []
     codebooks: dict[str, np.ndarray] = {}
     for job in source.tensor_jobs():
-        if canonical(job.source) not in weights:
+        trained = weights.get(canonical(job.source))
+        if trained is None:
             jobs.append(job)
             continue
-        w = weights[canonical(job.source)].detach().float().numpy()
+        w = trained.detach().float().numpy()
         if tuple(w.shape) != tuple(job.shape):
             raise ConvertError(f"{path}: tensor {job.source} has shape {tuple(w.shape)}, the model has {job.shape}")
         spec = specs.get(job.name)

@@ -269,6 +269,13 @@ class ModelQuantReport:
     def bits_per_param(self) -> float:
         return self.bits / self.params if self.params else math.nan
 
+    def merge(self, other: "ModelQuantReport") -> None:
+        """Add the tensors of ``other`` (quantised in another pass over the same model)."""
+        self.gptq.update(other.gptq)
+        self.direct += other.direct
+        self.bits += other.bits
+        self.params += other.params
+
 
 def quantise_model(model: torch.nn.Module, fmt: WeightFormat, *, method: Literal["gptq", "direct"] = "gptq",
                    hessians: dict[str, HessianCollector] | None = None, cfg: GPTQConfig = GPTQConfig(),
@@ -342,13 +349,7 @@ def gptq_sequential(model: torch.nn.Module, fmt: WeightFormat, batches: list[dic
         hs = collect_hessians(model, batches, modules={n: mods[n] for n in stage}, stop_early=True)
         part = quantise_model(model, fmt, method="gptq", hessians=hs, cfg=cfg, quantisers=quantisers,
                               include=lambda n, m, st=frozenset(stage): n in st)
-        report.gptq.update(part.gptq)
-        report.direct += part.direct
-        report.bits += part.bits
-        report.params += part.params
+        report.merge(part)
     done = {id(m.weight) for m in mods.values()}
-    rest = quantise_model(model, fmt, method="direct", include=lambda n, m: id(m.weight) not in done)
-    report.direct += rest.direct
-    report.bits += rest.bits
-    report.params += rest.params
+    report.merge(quantise_model(model, fmt, method="direct", include=lambda n, m: id(m.weight) not in done))
     return report

@@ -9,13 +9,11 @@ generating data, a QAT student and the parity tests all compute what the exporte
 from __future__ import annotations
 
 import contextlib
-import json
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["meta_taps", "is_mllama_dir", "image_batch", "cross_attention_mask"]
+__all__ = ["meta_taps", "image_batch", "cross_attention_mask"]
 
 
 @contextlib.contextmanager
@@ -38,15 +36,6 @@ def meta_taps() -> Iterator[None]:
         yield
     finally:
         mm.MllamaVisionEncoder.forward = original
-
-
-def is_mllama_dir(model_dir: Path) -> bool:
-    """True if ``model_dir/config.json`` describes an mllama (Llama 3.2 Vision) checkpoint."""
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(cfg, dict) and cfg.get("model_type") == "mllama"
 
 
 def image_batch(image_processor: Any, images: Sequence[Any]) -> dict[str, Any]:

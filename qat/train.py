@@ -320,16 +320,18 @@ def train(args: argparse.Namespace) -> list[float]:
     from qat.data import read_samples
 
     mllama = model_type(args.teacher) == "mllama"
-    processor = AutoProcessor.from_pretrained(args.teacher) if mllama else None
-    tokenizer = processor.tokenizer if mllama else AutoTokenizer.from_pretrained(args.teacher)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    image_token_id = None
     if mllama:
         from transformers import AutoConfig
 
+        processor = AutoProcessor.from_pretrained(args.teacher)
+        tokenizer = processor.tokenizer
         cfg = AutoConfig.from_pretrained(args.teacher)
-        image_token_id = int(cfg.image_token_index)
-    batcher = Batcher(pad_id, processor, image_token_id, int(cfg.vision_config.max_num_tiles) if mllama else 4)
+        image_token_id: int | None = int(cfg.image_token_index)
+        max_num_tiles = int(cfg.vision_config.max_num_tiles)
+    else:
+        processor, tokenizer, image_token_id, max_num_tiles = None, AutoTokenizer.from_pretrained(args.teacher), None, 4
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    batcher = Batcher(pad_id, processor, image_token_id, max_num_tiles)
     if not args.data.is_file():
         raise TrainError(f"{args.data}: no such data file")
     examples = tokenise_samples(read_samples(args.data), tokenizer, args.seq_len, image_token_id)

@@ -70,7 +70,8 @@ def test_export_is_bit_exact(pipeline) -> None:
 
     student = _student(pipeline)
     specs = {s.gguf_name: s for s in student_specs(student).values()}
-    params = {canonical_name(n): p.detach() for n, p in student.named_parameters()}
+    named = dict(student.named_parameters())
+    params = {canonical_name(n): p.detach() for n, p in named.items()}
     seen_types: dict[str, int] = {}
     for path, source in ((pipeline["text"], text_source(pipeline["teacher"])),
                          (pipeline["mmproj"], vision_source(pipeline["teacher"]))):
@@ -84,7 +85,7 @@ def test_export_is_bit_exact(pipeline) -> None:
             got = got.reshape(tuple(int(x) for x in reversed(t.shape)))
             if t.name in specs:
                 spec = specs[t.name]
-                h = _dequantised(dict(student.named_parameters())[spec.hf_name], spec)
+                h = _dequantised(named[spec.hf_name], spec)
                 want = (h if spec.perm is None else h[spec.perm]).numpy()
             elif t.name == "rope_freqs.weight":
                 continue  # generated from the config, not a parameter
