@@ -15,9 +15,10 @@ unquantised, as in the recipe (the GGUF stores the convolution in F16).
 
 Determinism: the global batch of step s is a pure function of (seed, s) (a seeded permutation per epoch), so a
 run resumed from a checkpoint continues with the same batches; on CPU the loss curve of a resumed run equals
-the uninterrupted one bit for bit. Under ``torchrun`` each rank takes a contiguous slice of the global batch
-(DDP; gloo on CPU, nccl on GPUs) and its loss is scaled by the world size so that DDP's gradient average equals
-the single-process gradient of the global batch.
+the uninterrupted one bit for bit. Under ``torchrun`` (gloo on CPU, nccl on GPUs) each rank takes a contiguous
+slice of the global batch and its loss is scaled by the world size, so that the gradient average of DDP or
+FSDP2 (``--parallel``) equals the single-process gradient of the global batch. Checkpoints have one format
+(full fp32 masters and optimiser state, written by rank 0) whatever wrote them; any run resumes from any.
 """
 
 from __future__ import annotations
@@ -282,6 +283,43 @@ def student_from_checkpoint(path: Path, teacher_dir: Path | None = None, *, act_
     return student
 
 
+def _renumbered(osd: dict[str, Any], keys: Sequence[Any]) -> dict[str, Any]:
+    """An optimiser state dict with its parameters renamed in order (torch.optim's indices <-> DCP's names)."""
+    old = [k for g in osd["param_groups"] for k in g["params"]]
+    new = dict(zip(old, keys, strict=True))
+    return {"state": {new[k]: v for k, v in osd["state"].items()},
+            "param_groups": [{**g, "params": [new[k] for k in g["params"]]} for g in osd["param_groups"]]}
+
+
+def full_state_dicts(student: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model and optimiser state dicts of an FSDP2 student, gathered on rank 0 (in CPU memory; empty on the
+    other ranks, every rank must call), in the single-process format: tied weights share one tensor, the
+    optimiser state is keyed by parameter index."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(student, options=options)
+    opt_sd = get_optimizer_state_dict(student, opt, options=options)
+    if torch.distributed.get_rank() != 0:
+        return {}, {}
+    first: dict[int, str] = {}
+    for name, p in student.named_parameters(remove_duplicate=False):
+        model_sd[name] = model_sd[first.setdefault(id(p), name)]
+    n_params = sum(len(g["params"]) for g in opt_sd["param_groups"])
+    return model_sd, _renumbered(opt_sd, range(n_params))
+
+
+def load_full_optimizer_state(student: nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a checkpoint's (full, index-keyed) optimiser state into the optimiser of an FSDP2 student: each rank
+    keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = {id(p): n for n, p in student.named_parameters()}
+    by_name = _renumbered(state, [names[id(p)] for g in opt.param_groups for p in g["params"]])
+    set_optimizer_state_dict(student, opt, by_name, options=StateDictOptions(full_state_dict=True))
+
+
 # ---------------------------------------------------------------------------------------------------
 # training loop
 
@@ -294,10 +332,52 @@ def default_lr(bits: float) -> float:
 def _dist() -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        torch.distributed.init_process_group(backend)
+        if torch.cuda.is_available():  # before any CUDA use: NCCL and FSDP2 work on the current device
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = torch.distributed.get_rank() if world > 1 else 0
     return rank, world
+
+
+def fully_shard_student(net: nn.Module, student: nn.Module, device: torch.device, world: int) -> None:
+    """FSDP2 (``fully_shard``): each transformer layer (the model's ``_no_split_modules``: Llama decoder layers;
+    mllama's self- and cross-attention decoder layers and vision encoder layers) is one all-gather unit, ``net``
+    the root holding the rest (embeddings and the tied LM head, norms, projector, vision stem). The specs'
+    codebooks and permutations are plain attributes of the fake-quantised modules, replicated on every rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    layers = set(student._no_split_modules)
+    for m in student.modules():
+        if type(m).__name__ in layers:
+            fully_shard(m, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+
+
+def refresh_fake_quant_each_step(student: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """Make the fake-quantised modules of an FSDP2 student see the weights of each new optimiser step.
+
+    They compute from the unsharded fp32 masters, which FSDP2 all-gathers into the same Parameter objects every
+    time, keeping their autograd version (``torch.autograd._unsafe_preserve_version_counter``); ``qat.student``
+    caches a fake-quantised weight per parameter version. So the first use of each trainable weight after a
+    step bumps its version (later uses in the step - micro-batches, checkpoint recomputation, the tied LM head -
+    reuse the cached value, as in one process).
+    """
+    from qat.student import QuantEmbedding, QuantLinear
+
+    bumped: set[int] = set()  # ids of the unsharded weights bumped since the last step
+
+    def bump_once(module: nn.Module, args: Any) -> None:
+        w = module.weight
+        if w.requires_grad and id(w) not in bumped:
+            bumped.add(id(w))
+            torch.autograd.graph.increment_version(w)
+
+    for m in student.modules():
+        if isinstance(m, (QuantLinear, QuantEmbedding)):
+            m.register_forward_pre_hook(bump_once)
+    opt.register_step_post_hook(lambda *_: bumped.clear())
 
 
 def train(args: argparse.Namespace) -> list[float]:
@@ -358,29 +438,39 @@ def train(args: argparse.Namespace) -> list[float]:
             gradient_checkpointing_kwargs={"use_reentrant": False})
     student.train()
     net: nn.Module = SelectedLogits(student)
-    if world > 1:
+    fsdp = world > 1 and args.parallel == "fsdp2"
+    if fsdp:
+        fully_shard_student(net, student, device, world)
+    elif world > 1:
         net = nn.parallel.DistributedDataParallel(net)
     teacher_net = SelectedLogits(teacher)
 
     lr = args.lr if args.lr is not None else default_lr(args.lr_bits)
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95),
                             weight_decay=0.0)
+    if fsdp:
+        refresh_fake_quant_each_step(student, opt)
     sched = get_scheduler("cosine", opt, num_warmup_steps=0, num_training_steps=args.steps)
     losses: list[float] = []
     step = 0
     if ck is not None:
-        opt.load_state_dict(ck["optimizer"])
+        if fsdp:
+            load_full_optimizer_state(student, opt, ck["optimizer"])
+        else:
+            opt.load_state_dict(ck["optimizer"])
         sched.load_state_dict(ck["scheduler"])
         losses, step = list(ck["losses"]), int(ck["step"])
 
     def state() -> dict[str, Any]:
+        """The checkpoint (complete on rank 0; under FSDP2 every rank must call, the shards are gathered)."""
         from qat.student import student_specs
 
+        model_sd, opt_sd = full_state_dicts(student, opt) if fsdp else (student.state_dict(), opt.state_dict())
         return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "teacher": str(Path(args.teacher).resolve()),
                 "step": step, "steps": args.steps, "losses": losses, "lr": lr,
                 "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                 "specs": {k: s.state() for k, s in student_specs(student).items()},
-                "model": student.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
+                "model": model_sd, "optimizer": opt_sd, "scheduler": sched.state_dict()}
 
     stop_at = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
     if mllama:
@@ -403,7 +493,9 @@ def train(args: argparse.Namespace) -> list[float]:
             with torch.no_grad(), taps():
                 t_logits = teacher_net(mask, **inputs)
             last = m0 + micro >= local
-            ctx = net.no_sync() if world > 1 and not last else nullcontext()
+            if fsdp:  # accumulate the unsharded gradients, reduce-scatter (average) after the last micro-batch
+                net.set_requires_gradient_sync(last)
+            ctx = net.no_sync() if world > 1 and not fsdp and not last else nullcontext()
             with ctx, taps():
                 s = kl_sum(t_logits, net(mask, **inputs))
                 (s * (world / n_tok)).backward()
@@ -419,8 +511,10 @@ def train(args: argparse.Namespace) -> list[float]:
             raise TrainError(f"step {step}: loss is {losses[-1]}")
         bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{sched.get_last_lr()[0]:.3g}")
         bar.update(1)
-        if rank == 0 and (step % args.save_every == 0 or step == stop_at):
-            save_checkpoint(ck_path, state())
+        if step % args.save_every == 0 or step == stop_at:
+            ck_state = state()
+            if rank == 0:
+                save_checkpoint(ck_path, ck_state)
     bar.close()
     if rank == 0:
         _write_json(out_dir / "losses.json", {"steps_done": step, "steps": args.steps, "lr": lr,
@@ -447,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  python -m qat.train --teacher .cache/models/SmolLM2-135M-Instruct-hf --data gen.jsonl "
                "--out .cache/qat/run1 --steps 300 --batch 4 --seq-len 256\n"
                "  torchrun --nproc_per_node 2 -m qat.train ... (same options; --batch is the global batch)\n"
+               "  torchrun --nproc_per_node 2 -m qat.train ... --parallel fsdp2 (sharded; same checkpoints)\n"
                "exit status: 0 ok, 2 bad input/options, 130 interrupted (the last checkpoint is intact)")
     p.add_argument("--teacher", type=Path, required=True, metavar="DIR",
                    help="HF checkpoint directory of the teacher (LlamaForCausalLM or MllamaForConditionalGeneration); "
@@ -481,6 +576,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"continue from OUT/{CHECKPOINT_NAME} when it exists (default: on)")
     p.add_argument("--stop-after", type=int, default=None, metavar="N",
                    help="stop (checkpointed) after N steps of this invocation, keeping the full schedule")
+    p.add_argument("--parallel", choices=("ddp", "fsdp2"), default="ddp",
+                   help="data parallelism under torchrun with more than one rank (ignored in one process): ddp "
+                        "(every rank holds the whole student, gradients all-reduced) or fsdp2 (torch's fully_shard: "
+                        "parameters, gradients and optimiser state sharded, per transformer layer); the teacher is "
+                        "whole on every rank either way (default %(default)s)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads per process (default %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,34 @@ def _state(path: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(path)["model"]
 
 
+def _assert_identical(path: Path, ref: Path) -> None:
+    """Same losses and weights bit for bit (float equality)."""
+    a, b = load_checkpoint(ref), load_checkpoint(path)
+    assert b["losses"] == a["losses"]
+    assert b["model"].keys() == a["model"].keys()
+    for k, v in a["model"].items():
+        assert torch.equal(b["model"][k], v), k
+
+
+def _assert_matches(path: Path, ref: Path) -> None:
+    """Losses within 1e-6 relative, every weight within 1e-6 of its range (why: the DDP torchrun test)."""
+    a, b = load_checkpoint(ref), load_checkpoint(path)
+    np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-6)
+    assert b["model"].keys() == a["model"].keys()
+    for k, v in a["model"].items():
+        assert float((b["model"][k] - v).abs().max()) <= 1e-6 * float(v.abs().max()), k
+
+
+def _torchrun(setup: tuple[Path, Path], out: Path, *extra: str) -> Path:
+    """qat.train on 2 gloo ranks (CPU); returns the checkpoint path."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "qat.train", *_args(setup, out, *extra)]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out / "checkpoint.pt"
+
+
 def test_training_lowers_the_loss(straight) -> None:
     losses = load_checkpoint(straight)["losses"]
     assert len(losses) == 4 and all(np.isfinite(losses))
@@ -56,10 +85,7 @@ def test_resume_is_bitwise_identical(setup, straight, tmp_path) -> None:
     assert main(_args(setup, tmp_path, "--stop-after", "2")) == 0
     assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == 2
     assert main(_args(setup, tmp_path)) == 0          # resumes from step 2
-    a, b = load_checkpoint(straight), load_checkpoint(tmp_path / "checkpoint.pt")
-    assert a["losses"] == b["losses"]                  # float equality: bit for bit
-    for k, v in a["model"].items():
-        assert torch.equal(v, b["model"][k]), k
+    _assert_identical(tmp_path / "checkpoint.pt", straight)
 
 
 def test_train_only_s3d8_freezes_the_rest(setup, straight, tmp_path) -> None:
@@ -87,16 +113,41 @@ def test_torchrun_two_ranks_match_single_process(setup, straight, tmp_path) -> N
     2 is exact), so losses and weights are expected bit for bit; the tolerance (1e-6 relative on the
     losses, 1e-6 of the weights' range) only allows for a different summation order inside gloo.
     """
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "qat.train", *_args(setup, tmp_path)]
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    a, b = load_checkpoint(straight), load_checkpoint(tmp_path / "checkpoint.pt")
-    np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-6)
-    for k, v in a["model"].items():
-        w = b["model"][k]
-        assert float((w - v).abs().max()) <= 1e-6 * float(v.abs().max()), k
+    _assert_matches(_torchrun(setup, tmp_path), straight)
+
+
+@pytest.fixture(scope="module")
+def fsdp2_straight(setup, tmp_path_factory) -> Path:
+    return _torchrun(setup, tmp_path_factory.mktemp("fsdp2"), "--parallel", "fsdp2")
+
+
+def test_fsdp2_two_ranks_match_single_process(straight, fsdp2_straight) -> None:
+    """FSDP2 on 2 gloo ranks vs one process, as the DDP test: the reduce-scatter averages (2 g1 + 2 g2) / 2
+    where one process sums g1 + g2, the same tolerance. The checkpoint has the single-process format: tied
+    weights share a tensor, the optimiser state (gathered from the shards) is keyed by parameter index."""
+    _assert_matches(fsdp2_straight, straight)
+    a, b = load_checkpoint(straight), load_checkpoint(fsdp2_straight)
+    tied = (b["model"][k].untyped_storage().data_ptr() for k in ("lm_head.weight", "model.embed_tokens.weight"))
+    assert len(set(tied)) == 1
+    assert b["optimizer"]["param_groups"] == a["optimizer"]["param_groups"]
+    assert b["scheduler"] == a["scheduler"]
+    assert b["optimizer"]["state"].keys() == a["optimizer"]["state"].keys()
+    for i, want in a["optimizer"]["state"].items():
+        got = b["optimizer"]["state"][i]
+        assert got.keys() == want.keys()
+        for k, v in want.items():
+            assert float((got[k] - v).abs().max()) <= 1e-6 * float(v.abs().max()), (i, k)
+
+
+def test_fsdp2_resume_is_bitwise_identical(setup, straight, fsdp2_straight, tmp_path) -> None:
+    """2 FSDP2 steps, stop, resume to 4 under FSDP2: the 4 uninterrupted FSDP2 steps bit for bit. The step-2
+    checkpoint also resumes in one process (a cross-layout resume: single-process numbers, same tolerance)."""
+    run, single = tmp_path / "fsdp2", tmp_path / "single"
+    _torchrun(setup, run, "--parallel", "fsdp2", "--stop-after", "2")
+    shutil.copytree(run, single)
+    _assert_identical(_torchrun(setup, run, "--parallel", "fsdp2"), fsdp2_straight)
+    assert main(_args(setup, single)) == 0
+    _assert_matches(single / "checkpoint.pt", straight)
 
 
 def test_cli_errors(setup, tmp_path, capsys) -> None:
@@ -108,7 +159,8 @@ def test_cli_errors(setup, tmp_path, capsys) -> None:
     assert "cannot read checkpoint" in capsys.readouterr().err
     p = subprocess.run([sys.executable, "-m", "qat.train", "--help"], cwd=REPO, capture_output=True, text=True)
     for opt in ("--teacher", "--data", "--out", "--steps", "--batch", "--micro-batch", "--seq-len", "--lr",
-                "--lr-bits", "--seed", "--fallback-type", "--grad-checkpointing", "--resume", "--stop-after"):
+                "--lr-bits", "--seed", "--fallback-type", "--grad-checkpointing", "--resume", "--stop-after",
+                "--parallel"):
         assert opt in p.stdout
 
 
