@@ -31,6 +31,9 @@ def read_qat_checkpoint(path: Path) -> dict[str, Any]:
         raise ConvertError(str(e)) from e
     if "model" not in ck or "specs" not in ck:
         raise ConvertError(f"{path}: QAT checkpoint without weights or weight specs")
+    if ck.get("weight_format") is not None:
+        raise ConvertError(f"{path}: a simulation student (qat.train --format {ck['weight_format']}); that format has "
+                           "no GGUF form - only the S3D8 student trained without --format can be exported")
     return ck
 
 

@@ -11,6 +11,13 @@ Every format is a small frozen dataclass with
   as an object that quantises *columns*, one scale group at a time. ``quantise`` is exactly
   :func:`direct_cast` of this quantiser, and GPTQ (``qat/gptq.py``) drives the same object column by
   column, so GPTQ with an identity Hessian reproduces the direct cast bit for bit.
+* ``qat_fit(w) -> dict`` and ``qat_quantise(w, fitted) -> w_hat``: the QAT split of reference-recipe section 4
+  (``qat.train --format``). ``qat_fit`` is the per-matrix part that is fitted once on the teacher's weight and
+  frozen (INT: nothing; Student-t: the scaled table of the chosen df and multiplier; Lloyd-Max: the level table;
+  S3D8: the codebook), as plain tensors; ``qat_quantise`` quantises the *current* weight with it, recomputing
+  the block / row scales from that weight. ``qat_quantise(w, qat_fit(w)) == quantise(w)`` bit for bit (tested).
+
+Formats are named by ids (the baseline sweep's, ``qat.train --format``): :func:`format_from_id`.
 
 Formats (reference-recipe section 8; "OWF" = the authors' optimal-weight-formats code):
 
@@ -49,6 +56,9 @@ import torch
 __all__ = [
     "WeightFormat",
     "GroupQuantiser",
+    "format_from_id",
+    "format_id",
+    "format_family",
     "direct_cast",
     "IntFormat",
     "StudentTFormat",
@@ -78,6 +88,10 @@ class WeightFormat(Protocol):
     def bits_per_param(self, shape: Sequence[int]) -> float: ...
 
     def quantiser(self, w: torch.Tensor) -> "GroupQuantiser": ...
+
+    def qat_fit(self, w: torch.Tensor) -> dict[str, torch.Tensor]: ...
+
+    def qat_quantise(self, w: torch.Tensor, fitted: dict[str, torch.Tensor]) -> torch.Tensor: ...
 
 
 @runtime_checkable
@@ -313,6 +327,12 @@ class IntFormat:
         m, shape = _as_matrix(w)
         return direct_cast(self.quantiser(m), m).reshape(shape)
 
+    def qat_fit(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {}  # nothing is fitted: the grid is fixed, the scales (and zero points) are per block
+
+    def qat_quantise(self, w: torch.Tensor, fitted: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.quantise(w)
+
     def bits_per_param(self, shape: Sequence[int]) -> float:
         per_block = 2 if self.affine else 1
         return math.log2(self.levels) + per_block * _blocks_bits(int(shape[-1]), self.block)
@@ -410,6 +430,17 @@ class StudentTFormat:
         _, _, table = self.fit(w)
         return _TableQuantiser(group=min(self.block, int(w.shape[-1])), divisor=1.0, table=table)
 
+    def qat_fit(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The table ``multiplier * T(df)`` of the fit (float64, as :meth:`quantiser` uses it), df and multiplier."""
+        df, s, table = self.fit(w)
+        return {"table": table, "df": torch.tensor(df, dtype=torch.float64),
+                "multiplier": torch.tensor(s, dtype=torch.float64)}
+
+    def qat_quantise(self, w: torch.Tensor, fitted: dict[str, torch.Tensor]) -> torch.Tensor:
+        m, shape = _as_matrix(w)
+        q = _TableQuantiser(group=min(self.block, int(m.shape[-1])), divisor=1.0, table=fitted["table"])
+        return direct_cast(q, m).reshape(shape)
+
     def quantise(self, w: torch.Tensor) -> torch.Tensor:
         m, shape = _as_matrix(w)
         return direct_cast(self.quantiser(m), m).reshape(shape)
@@ -489,6 +520,15 @@ class LloydMaxFormat:
     def quantiser(self, w: torch.Tensor) -> GroupQuantiser:
         return _TableQuantiser(group=int(w.shape[-1]), divisor=1.0, table=self.fit(w))
 
+    def qat_fit(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The level table (float64, as :meth:`quantiser` uses it)."""
+        return {"table": self.fit(w)}
+
+    def qat_quantise(self, w: torch.Tensor, fitted: dict[str, torch.Tensor]) -> torch.Tensor:
+        m, shape = _as_matrix(w)
+        q = _TableQuantiser(group=int(m.shape[-1]), divisor=1.0, table=fitted["table"])
+        return direct_cast(q, m).reshape(shape)
+
     def quantise(self, w: torch.Tensor) -> torch.Tensor:
         m, shape = _as_matrix(w)
         return direct_cast(self.quantiser(m), m).reshape(shape)
@@ -540,6 +580,22 @@ class S3D8Format:
         m, shape = _as_matrix(w)
         out = s3d8_simulate(m.numpy(), centroid_rule=self.rule, seed=self.seed)
         return torch.from_numpy(out).reshape(shape)
+
+    def qat_fit(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The (32, 3) uint8 codebook, fitted as :meth:`quantiser` and :meth:`quantise` fit it."""
+        import gguf_s3d8
+
+        m, _ = _as_matrix(w)
+        cb = gguf_s3d8.fit_codebook(np.ascontiguousarray(m.numpy()), centroid_rule=self.rule, seed=self.seed)
+        return {"codebook": torch.from_numpy(np.asarray(cb, dtype=np.uint8))}
+
+    def qat_quantise(self, w: torch.Tensor, fitted: dict[str, torch.Tensor]) -> torch.Tensor:
+        """S3D8 with the frozen codebook and bf16 row scales of the current ``w``: the codec's arithmetic in torch
+        (:func:`qat.s3d8_torch.s3d8_dequantised`, bit-exact with the codec for every shape)."""
+        from qat.s3d8_torch import s3d8_dequantised
+
+        m, shape = _as_matrix(w)
+        return s3d8_dequantised(m, fitted["codebook"]).reshape(shape)
 
     def bits_per_param(self, shape: Sequence[int]) -> float:
         n = math.prod(int(s) for s in shape[:-1])
@@ -653,3 +709,54 @@ def s3d8_simulate(w: np.ndarray, *, centroid_rule: str, seed: int = 0) -> np.nda
 def _s3d8_simulate_pieces(w: np.ndarray, *, centroid_rule: str, seed: int = 0) -> np.ndarray:
     q = S3D8Quantiser.fit(w, centroid_rule=centroid_rule, seed=seed)
     return q.unpack(q.pack(w))
+
+
+# ---------------------------------------------------------------------------------------------------
+# format ids
+
+
+def format_from_id(name: str) -> WeightFormat:
+    """The format named by a baseline-sweep id (``qat.train --format``).
+
+    ``int{K}_g{G}`` (:class:`IntFormat` K levels, block G), ``int{K}_g{G}_affine`` (affine INT),
+    ``studentt{K}_g{G}`` (:class:`StudentTFormat`), ``lloydmax{K}`` (:class:`LloydMaxFormat`, per-channel
+    scales), ``s3d8`` (:class:`S3D8Format`, the codec's default centroid rule, seed 0). Raises ValueError
+    for anything else. ``format_id(format_from_id(s)) == s``.
+    """
+    import re
+
+    m = re.fullmatch(r"int(\d+)_g(\d+)(_affine)?", name)
+    if m:
+        return IntFormat(int(m.group(1)), int(m.group(2)), affine=m.group(3) is not None)
+    m = re.fullmatch(r"studentt(\d+)_g(\d+)", name)
+    if m:
+        return StudentTFormat(int(m.group(1)), int(m.group(2)))
+    m = re.fullmatch(r"lloydmax(\d+)", name)
+    if m:
+        return LloydMaxFormat(int(m.group(1)))
+    if name == "s3d8":
+        return S3D8Format()
+    raise ValueError(f"unknown format id {name!r} (int<K>_g<G>[_affine], studentt<K>_g<G>, lloydmax<K>, s3d8)")
+
+
+def format_id(fmt: WeightFormat) -> str:
+    """The id of a format (inverse of :func:`format_from_id`; non-default fit settings have no id)."""
+    if isinstance(fmt, IntFormat):
+        return f"int{fmt.levels}_g{fmt.block}" + ("_affine" if fmt.affine else "")
+    if isinstance(fmt, StudentTFormat) and fmt == StudentTFormat(fmt.levels, fmt.block):
+        return f"studentt{fmt.levels}_g{fmt.block}"
+    if isinstance(fmt, LloydMaxFormat) and fmt == LloydMaxFormat(fmt.levels):
+        return f"lloydmax{fmt.levels}"
+    if isinstance(fmt, S3D8Format) and fmt == S3D8Format():
+        return "s3d8"
+    raise ValueError(f"{fmt!r} has no format id")
+
+
+def format_family(fmt: WeightFormat) -> str:
+    """The family a format is reported under: INT, INT affine, Student-t, Lloyd-Max or S3D8."""
+    if isinstance(fmt, IntFormat):
+        return "INT affine" if fmt.affine else "INT"
+    for cls, fam in ((StudentTFormat, "Student-t"), (LloydMaxFormat, "Lloyd-Max"), (S3D8Format, "S3D8")):
+        if isinstance(fmt, cls):
+            return fam
+    raise ValueError(f"{fmt!r}: unknown format family")

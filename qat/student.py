@@ -13,6 +13,12 @@ The input of every quantised Linear is fake-quantised as llama.cpp's CPU matmul 
 type: per-token INT8 (format §3) for S3D8, Q8_0 blocks for Q8_0, f16/bf16 rounding for F16/BF16 (so that the
 exported GGUF reproduces the student's forward). Embedding lookups read the dequantised table unquantised.
 
+**Simulation students** (``qat.train --format ID``, :func:`plan_format`): every Linear and Embedding weight (a tied
+lm_head / embedding once) computes with a ``qat.formats`` format instead - the baseline sweep's scope, no GGUF
+form. The format's per-matrix part is fitted once on the teacher's weight and frozen (:class:`FormatSpec`,
+``fmt.qat_fit``), the scales come from the current master every step (``fmt.qat_quantise``); activations are
+not quantised and the weight gradient is the plain straight-through identity.
+
 Gradients are straight-through: d w_hat / d w = identity plus the dynamic-scale path of the reference
 (``alpha = amax / 127`` differentiated at the row's arg-max: ``+ sign(w_max) / 127 * sum_j g_j (q_j - u_j)``
 with ``q = w_hat / alpha``, ``u = w / alpha``); activations pass the gradient through unchanged. Fake-quantised
@@ -35,7 +41,7 @@ from qat.ggml_torch import f16_round, q8_0_activations, q8_0_dequantised
 from qat.s3d8_torch import fake_quant_activations, s3d8_dequantised
 
 __all__ = ["WeightSpec", "plan_weights", "plan_weights_from_sources", "fake_quant_weight", "quantise_student", "QuantLinear", "QuantEmbedding",
-           "student_specs"]
+           "student_specs", "FormatSpec", "plan_format", "spec_from_state"]
 
 WEIGHT_TYPES = ("s3d8", "q8_0", "f16", "bf16", "f32")
 
@@ -57,6 +63,65 @@ class WeightSpec:
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> "WeightSpec":
         return cls(**d)
+
+
+@dataclass
+class FormatSpec:
+    """A weight of a simulation student: the ``qat.formats`` format ``format_id`` with its frozen fitted part.
+
+    ``fitted`` is ``fmt.qat_fit`` of the teacher's weight (plain tensors); the value of a master ``w`` is
+    ``fmt.qat_quantise(w, fitted)`` (scales from ``w``). ``qtype`` is ``"format"``: no activation quantisation,
+    identity gradient (no dynamic-scale term).
+    """
+
+    hf_name: str
+    format_id: str
+    fitted: dict[str, torch.Tensor]
+    qtype: str = "format"
+
+    def __post_init__(self) -> None:
+        from qat.formats import format_from_id
+
+        self.fmt = format_from_id(self.format_id)
+
+    @property
+    def gguf_name(self) -> str:  # for the modules' repr; a simulated weight has no GGUF tensor
+        return self.format_id
+
+    def dequantised(self, w: torch.Tensor) -> torch.Tensor:
+        return self.fmt.qat_quantise(w.detach().to(torch.float32), self.fitted)
+
+    def state(self) -> dict[str, Any]:
+        return {"kind": "format", "hf_name": self.hf_name, "format": self.format_id, "fitted": self.fitted}
+
+
+def spec_from_state(d: dict[str, Any]) -> "WeightSpec | FormatSpec":
+    """The spec of a checkpoint entry (``WeightSpec.state()`` or ``FormatSpec.state()``)."""
+    if d.get("kind") == "format":
+        return FormatSpec(d["hf_name"], d["format"], dict(d["fitted"]))
+    return WeightSpec.from_state(d)
+
+
+def plan_format(model: nn.Module, format_id: str, *, progress: bool = False) -> dict[str, FormatSpec]:
+    """A :class:`FormatSpec` per distinct Linear/Embedding weight, fitted on its current (teacher) value.
+
+    The scope of ``qat.gptq.quantise_model`` (the baseline sweep's direct cast): every Linear and every
+    Embedding, tied weights once (keyed by the parameter's first name, e.g. the embedding's, as
+    :func:`plan_weights`).
+    """
+    from tqdm import tqdm
+
+    from qat.formats import format_from_id
+
+    fmt = format_from_id(format_id)
+    names = {id(p): n for n, p in reversed(list(model.named_parameters(remove_duplicate=False)))}  # first name wins
+    mods = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+    specs: dict[str, FormatSpec] = {}
+    for mod in tqdm(mods, desc=f"Fitting {format_id}", disable=not progress, leave=False):
+        hf_name = names[id(mod.weight)]
+        if hf_name not in specs:
+            specs[hf_name] = FormatSpec(hf_name, format_id, fmt.qat_fit(mod.weight.detach().to(torch.float32)))
+    return specs
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -165,8 +230,10 @@ def plan_weights_from_sources(model: nn.Module, parts: Sequence[tuple[Any, str]]
 # fake quantisation with straight-through gradients
 
 
-def _dequantised(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
-    """The GGUF's dequantised value of the fp32 master ``w`` (HF row order)."""
+def _dequantised(w: torch.Tensor, spec: "WeightSpec | FormatSpec") -> torch.Tensor:
+    """The GGUF's dequantised value of the fp32 master ``w`` (HF row order); a simulated format's value."""
+    if isinstance(spec, FormatSpec):
+        return spec.dequantised(w)
     w = w.detach().to(torch.float32)
     g = w if spec.perm is None else w[spec.perm]
     if spec.qtype == "s3d8":

@@ -13,6 +13,14 @@ planned from the converter's own sources; teacher and student take the vision fe
 (:func:`qat.mllama_hf.meta_taps`). The patch-embedding convolution, norms, gates and position tables are trained
 unquantised, as in the recipe (the GGUF stores the convolution in F16).
 
+Simulation students (``--format ID``, an id of the baseline sweep such as ``int6_g128``, ``studentt6_g128``,
+``lloydmax6``, ``s3d8``): instead of the GGUF student, every Linear and Embedding weight (a tied lm_head /
+embedding once) computes with that ``qat.formats`` format - the sweep's scope; activations unquantised. The
+format's per-matrix part (tables, codebook) is fitted once on the teacher's weights and frozen, block / row
+scales come from the current fp32 masters every step, the gradient is straight-through (identity). Everything
+else (loss, data, optimiser, schedule, checkpoints, torchrun) is the same; the checkpoint records the format, a
+resume refuses another one, and the converter refuses such checkpoints (no GGUF form). Text Llama teachers only.
+
 Determinism: the global batch of step s is a pure function of (seed, s) (a seeded permutation per epoch), so a
 run resumed from a checkpoint continues with the same batches; on CPU the loss curve of a resumed run equals
 the uninterrupted one bit for bit. Under ``torchrun`` (gloo on CPU, nccl on GPUs) each rank takes a contiguous
@@ -198,17 +206,23 @@ def load_teacher(path: Path) -> nn.Module:
 
 def build_student(teacher_dir: Path, *, specs_state: dict[str, Any] | None = None, fallback_type: str = "q8_0",
                   centroid_rule: str | None = None, seed: int = 0, act_quant: bool = True,
-                  progress: bool = False, vision_type: str = "s3d8") -> nn.Module:
+                  progress: bool = False, vision_type: str = "s3d8", weight_format: str | None = None) -> nn.Module:
     """A fresh fp32 copy of the teacher with every Linear/Embedding fake-quantised.
 
     Codebooks are fitted here (once) unless ``specs_state`` (from a checkpoint) provides them. ``vision_type``:
     the type of the mllama vision encoder and projector matrices (the converter's ``--mmproj-type``).
+    ``weight_format``: a simulation student of that ``qat.formats`` id (:func:`qat.student.plan_format`; the
+    tables / codebooks fitted here unless ``specs_state`` has them) instead of the GGUF student.
     """
-    from qat.student import WeightSpec, plan_weights, plan_weights_from_sources, quantise_student
+    from qat.student import plan_format, plan_weights, plan_weights_from_sources, quantise_student, spec_from_state
 
     model = load_teacher(teacher_dir)
     model.requires_grad_(True)
-    if specs_state is None and model.config.model_type == "mllama":
+    if specs_state is None and weight_format is not None:
+        if model.config.model_type != "llama":
+            raise TrainError(f"--format: simulation students need a text Llama teacher, not {model.config.model_type}")
+        specs: dict[str, Any] = plan_format(model, weight_format, progress=progress)
+    elif specs_state is None and model.config.model_type == "mllama":
         from convert.mllama import text_source, vision_source
 
         specs = plan_weights_from_sources(model, [(text_source(teacher_dir), "s3d8"), (vision_source(teacher_dir), vision_type)],
@@ -218,7 +232,7 @@ def build_student(teacher_dir: Path, *, specs_state: dict[str, Any] | None = Non
         specs = plan_weights(model, fallback_type=fallback_type, centroid_rule=centroid_rule, seed=seed,
                              progress=progress)
     else:
-        specs = {k: WeightSpec.from_state(v) for k, v in specs_state.items()}
+        specs = {k: spec_from_state(v) for k, v in specs_state.items()}
     return quantise_student(model, specs, act_quant=act_quant)
 
 
@@ -277,7 +291,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 def student_from_checkpoint(path: Path, teacher_dir: Path | None = None, *, act_quant: bool = True) -> nn.Module:
     """The student of a checkpoint (frozen codebooks, master weights), e.g. for evaluation (an mllama student
     computes with llama.cpp's vision semantics inside :func:`qat.mllama_hf.meta_taps`)."""
-    ck = load_checkpoint(path)
+    ck = load_checkpoint(path)  # a simulation checkpoint's specs rebuild its simulation student
     student = build_student(Path(teacher_dir or ck["teacher"]), specs_state=ck["specs"], act_quant=act_quant)
     student.load_state_dict(ck["model"])
     return student
@@ -383,6 +397,8 @@ def refresh_fake_quant_each_step(student: nn.Module, opt: torch.optim.Optimizer)
 def train(args: argparse.Namespace) -> list[float]:
     """Run (or resume) training as ``args`` says; returns the loss of every step done so far."""
     torch.set_num_threads(args.threads)
+    if args.format is not None:
+        _check_format_options(args)
     rank, world = _dist()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if torch.cuda.is_available() else torch.device("cpu")
     if args.batch % world:
@@ -422,10 +438,14 @@ def train(args: argparse.Namespace) -> list[float]:
     ck = load_checkpoint(ck_path) if resume else None
     if ck is not None and ck["steps"] != args.steps:
         raise TrainError(f"{ck_path}: written for --steps {ck['steps']}, not {args.steps} (the schedule depends on it)")
+    if ck is not None and ck.get("weight_format") != args.format:
+        def what(f: str | None) -> str:
+            return "the GGUF S3D8 student (no --format)" if f is None else f"--format {f}"
+        raise TrainError(f"{ck_path}: written for {what(ck.get('weight_format'))}, not {what(args.format)}")
     progress = not args.no_progress and rank == 0
     student = build_student(args.teacher, specs_state=ck["specs"] if ck else None, fallback_type=args.fallback_type,
                             centroid_rule=args.centroid_rule, seed=args.seed, act_quant=not args.no_act_quant,
-                            progress=progress, vision_type=args.vision_type)
+                            progress=progress, vision_type=args.vision_type, weight_format=args.format)
     if ck is not None:
         student.load_state_dict(ck["model"])
     if args.train_only == "s3d8":
@@ -467,7 +487,7 @@ def train(args: argparse.Namespace) -> list[float]:
 
         model_sd, opt_sd = full_state_dicts(student, opt) if fsdp else (student.state_dict(), opt.state_dict())
         return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "teacher": str(Path(args.teacher).resolve()),
-                "step": step, "steps": args.steps, "losses": losses, "lr": lr,
+                "weight_format": args.format, "step": step, "steps": args.steps, "losses": losses, "lr": lr,
                 "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                 "specs": {k: s.state() for k, s in student_specs(student).items()},
                 "model": model_sd, "optimizer": opt_sd, "scheduler": sched.state_dict()}
@@ -558,6 +578,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 2^-(LR_BITS + 14))")
     p.add_argument("--lr-bits", type=float, default=3.0, help="bits b of the format in the default lr 2^-(b+14) (default %(default)s: 2^-17)")
     p.add_argument("--seed", type=int, default=0, help="seed of the codebook fit and the batch order (default %(default)s)")
+    p.add_argument("--format", default=None, metavar="ID",
+                   help="train a simulation student of this baseline format instead of the GGUF S3D8 student: "
+                        "int<K>_g<G>[_affine], studentt<K>_g<G>, lloydmax<K> or s3d8 (the sweep's ids, "
+                        "qat.formats.format_from_id); every Linear/Embedding weight in that format, tables and "
+                        "codebooks fitted once on the teacher and frozen, scales from the current weights, "
+                        "activations unquantised; no GGUF export; --seed then only orders the batches, the fits are "
+                        "the format's own, as in the sweep (default: the GGUF student)")
     p.add_argument("--fallback-type", choices=("q8_0", "f16", "bf16", "f32"), default="q8_0",
                    help="type of the matrices S3D8 cannot hold; must match the converter's --fallback-type (default %(default)s)")
     p.add_argument("--vision-type", choices=("s3d8", "q8_0", "f16", "bf16", "f32"), default="s3d8",
@@ -585,6 +612,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return p
+
+
+def _check_format_options(args: argparse.Namespace) -> None:
+    """--format: a known id, and none of the options that only make sense for the GGUF student."""
+    from qat.formats import format_from_id
+
+    format_from_id(args.format)  # ValueError for an unknown id
+    gguf_only = [opt for opt, bad in (("--train-only s3d8", args.train_only != "all"),
+                                      ("--fallback-type", args.fallback_type != "q8_0"),
+                                      ("--vision-type", args.vision_type != "s3d8"),
+                                      ("--centroid-rule", args.centroid_rule is not None)) if bad]
+    if gguf_only:
+        raise TrainError(f"--format: {', '.join(gguf_only)} only apply to the GGUF S3D8 student")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

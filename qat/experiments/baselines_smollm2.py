@@ -46,7 +46,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from qat.formats import IntFormat, LloydMaxFormat, S3D8Format, StudentTFormat, WeightFormat  # noqa: E402
+from qat.formats import IntFormat, WeightFormat, format_family, format_from_id  # noqa: E402
 from qat.text_eval import atomic_write  # noqa: E402
 
 RESULTS_VERSION = 1
@@ -80,13 +80,14 @@ def plan(quick: bool = False) -> list[tuple[Spec, str]]:
     affine INT, S3D8. GPTQ: a time-bounded subset (GPTQ of the whole model costs minutes per format on
     the shared 2-core machine), the bit widths where the model still works first.
     """
-    def int_spec(k: int, g: int, affine: bool = False) -> Spec:
-        sid = f"int{k}_g{g}" + ("_affine" if affine else "")
-        return Spec(sid, "INT affine" if affine else "INT", IntFormat(k, g, affine=affine), ("direct", "gptq"))
+    def spec(sid: str) -> Spec:
+        fmt = format_from_id(sid)  # the ids are qat.formats' (also qat.train --format's)
+        return Spec(sid, format_family(fmt), fmt, ("direct", "gptq"))
 
-    st6, lm6, s3 = (Spec("studentt6_g128", "Student-t", StudentTFormat(6, 128), ("direct", "gptq")),
-                    Spec("lloydmax6", "Lloyd-Max", LloydMaxFormat(6), ("direct", "gptq")),
-                    Spec("s3d8", "S3D8", S3D8Format(), ("direct", "gptq")))
+    def int_spec(k: int, g: int, affine: bool = False) -> Spec:
+        return spec(f"int{k}_g{g}" + ("_affine" if affine else ""))
+
+    st6, lm6, s3 = spec("studentt6_g128"), spec("lloydmax6"), spec("s3d8")
     if quick:
         return [(int_spec(6, 128), "direct"), (int_spec(6, 128), "gptq")]
     out: list[tuple[Spec, str]] = [(int_spec(k, g), "direct") for k in (16, 12, 8, 6, 4) for g in (32, 128)]
@@ -213,16 +214,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 # report
 
 
-def load_qat(path: Path | None, s3d8_bits: float | None) -> list[dict[str, Any]]:
+def load_qat(path: Path | None, s3d8_bits: float | None, config: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """QAT points from the QAT experiments' JSON, if the file exists.
 
     Accepted: ``qat/experiments/smollm2_qat.py``'s output (``{"qat": {kl, ppl}, "direct_cast": {...},
     "steps", "settings"}``; its bits/param is S3D8's, taken from this sweep's S3D8 entry), or a list (or
-    ``{"results": [...]}``) of ``{label, bits_per_param, kl, ppl}``.
+    ``{"results": [...]}``) of ``{label, bits_per_param, kl, ppl}``, e.g. ``qat/experiments/format_qat_smollm2.py``'s
+    (``{"config": {ctx, eval_tokens, model}, "results": [{id, family, label, bits_per_param, kl, kl_stderr, ppl,
+    steps, ...}]}``). Rows with an ``id`` and ``family`` from a file whose ``config`` has this sweep's eval windows
+    and model (``config``: the sweep's) are marked ``comparable``: the report shows them next to the direct cast
+    and GPTQ of the same format; the others are listed apart. Every row gets ``source`` (the file).
     """
     if path is None or not path.is_file():
         return []
     data = json.loads(path.read_text())
+    rows = _qat_rows(data, s3d8_bits, config)
+    for r in rows:
+        r["source"] = str(path)
+    return rows
+
+
+def _qat_rows(data: Any, s3d8_bits: float | None, config: dict[str, Any] | None) -> list[dict[str, Any]]:
     if isinstance(data, dict) and "qat" in data:
         st = data.get("settings", {})
         bits = data["qat"].get("bits_per_param", s3d8_bits)
@@ -236,7 +248,18 @@ def load_qat(path: Path | None, s3d8_bits: float | None) -> list[dict[str, Any]]
                         "kl": data["direct_cast"]["kl"], "ppl": data["direct_cast"]["ppl"], "reference": True})
         return out
     rows = data["results"] if isinstance(data, dict) else data
-    return [r for r in rows if {"bits_per_param", "kl", "ppl"} <= set(r)]
+    cfg = data.get("config") if isinstance(data, dict) else None
+    same = (isinstance(cfg, dict) and config is not None
+            and all(cfg.get(k) == config.get(k) for k in ("ctx", "eval_tokens", "model")))
+    out = []
+    for r in rows:
+        if {"bits_per_param", "kl", "ppl"} <= set(r):
+            r = dict(r)
+            r["comparable"] = bool(same and "id" in r and "family" in r)
+            if r["comparable"]:
+                r["method"] = "qat"
+            out.append(r)
+    return out
 
 
 FAMILY_COLOURS = {"INT": "tab:blue", "INT affine": "tab:cyan", "Student-t": "tab:green", "Lloyd-Max": "tab:orange",
@@ -253,10 +276,11 @@ def plot(data: dict[str, Any], qat: list[dict[str, Any]], metric: str, out: Path
     from matplotlib.lines import Line2D
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
+    points = data["results"] + [r for r in qat if r.get("comparable")]  # comparable QAT rows: method "qat"
     for fam, colour in FAMILY_COLOURS.items():
         for method, marker in METHOD_MARKERS.items():
             for head in (False, True):
-                rows = [r for r in data["results"] if r["family"] == fam and r["method"] == method
+                rows = [r for r in points if r["family"] == fam and r["method"] == method
                         and bool(r.get("head")) == head]
                 if not rows:
                     continue
@@ -264,10 +288,10 @@ def plot(data: dict[str, Any], qat: list[dict[str, Any]], metric: str, out: Path
                 if head:  # lm_head INT8 variants: hollow markers
                     ax.scatter(xs, ys, facecolors="none", edgecolors=colour, marker=marker, s=44, linewidths=1.3)
                 else:
-                    ax.scatter(xs, ys, c=colour, marker=marker, s=36, alpha=0.9, linewidths=0.5,
-                               edgecolors="none" if method == "direct" else "k")
-    for r in qat:
-        if not r.get("reference"):
+                    ax.scatter(xs, ys, c=colour, marker=marker, s=70 if method == "qat" else 36, alpha=0.9,
+                               linewidths=0.5, edgecolors="none" if method == "direct" else "k")
+    for r in qat:  # the other QAT points (own eval windows): S3D8 triangles
+        if not r.get("reference") and not r.get("comparable"):
             ax.scatter([r["bits_per_param"]], [r[metric]], c=FAMILY_COLOURS["S3D8"], marker="^", s=70, edgecolors="k")
     if metric == "ppl":
         ax.axhline(data["teacher"]["ppl"], color="grey", ls="--", lw=1)
@@ -297,40 +321,65 @@ def _fmt(x: float | None, nd: int = 3) -> str:
 
 
 def table(data: dict[str, Any], qat: list[dict[str, Any]]) -> str:
-    by = {(r["id"], r["method"]): r for r in data["results"]}
-    ids = list(dict.fromkeys(r["id"] for r in data["results"]))
-    methods = [m for m in ("direct", "gptq", "gptq_seq") if any(r["method"] == m for r in data["results"])]
-    short = {"direct": "direct", "gptq": "GPTQ", "gptq_seq": "GPTQ-seq"}
+    rows_all = data["results"] + [r for r in qat if r.get("comparable")]  # comparable QAT rows: method "qat"
+    by = {(r["id"], r["method"]): r for r in rows_all}
+    ids = list(dict.fromkeys(r["id"] for r in rows_all))
+    methods = [m for m in ("direct", "gptq", "gptq_seq", "qat") if any(r["method"] == m for r in rows_all)]
+    short = {"direct": "direct", "gptq": "GPTQ", "gptq_seq": "GPTQ-seq", "qat": "QAT"}
     lines = ["| format | bits/param | " + " | ".join(f"KL {short[m]}" for m in methods) + " | "
              + " | ".join(f"PPL {short[m]}" for m in methods) + " |",
              "|---|---|" + "---|" * (2 * len(methods))]
-    for i in sorted(ids, key=lambda i: next(r["bits_per_param"] for r in data["results"] if r["id"] == i)):
+    for i in sorted(ids, key=lambda i: next(r["bits_per_param"] for r in rows_all if r["id"] == i)):
         rows = [by.get((i, m)) for m in methods]
         any_r = next(r for r in rows if r is not None)
-        kl = [("-" if r is None else f"{_fmt(r['kl'], 4)}" + (f" ± {_fmt(r['kl_stderr'], 4)}" if m == "direct" else ""))
+        kl = [("-" if r is None else f"{_fmt(r['kl'], 4)}"
+               + (f" ± {_fmt(r['kl_stderr'], 4)}" if m in ("direct", "qat") and "kl_stderr" in r else ""))
               for r, m in zip(rows, methods)]
         ppl = ["-" if r is None else _fmt(r["ppl"], 2) for r in rows]
         lines.append(f"| {any_r['label']} | {any_r['bits_per_param']:.3f} | " + " | ".join(kl) + " | "
                      + " | ".join(ppl) + " |")
-    if qat:
+    apart = [r for r in qat if not r.get("comparable")]
+    if apart:
         lines += ["", "| QAT results file | bits/param | KL | PPL |", "|---|---|---|---|"]
         lines += [f"| {r.get('label', 'QAT')} | {r['bits_per_param']:.3f} | {r['kl']:.4f} | {r['ppl']:.2f} |"
-                  for r in qat]
+                  for r in apart]
     return "\n".join(lines)
 
 
-def write_report(data: dict[str, Any], qat: list[dict[str, Any]], qat_path: Path | None, out_dir: Path,
+def _qat_text(qat: list[dict[str, Any]], qat_paths: list[Path]) -> str:
+    """The report's sentences on where the QAT points come from."""
+    if not qat:
+        return (f"No QAT results file ({', '.join(f'`{p}`' for p in qat_paths)}) was present when this report was "
+                "written; QAT points are added from them when they exist (rerun with `--report-only`).")
+    out = []
+    comparable = [r for r in qat if r.get("comparable")]
+    if comparable:
+        src = sorted({r["source"] for r in comparable})
+        steps = sorted({str(r.get("steps", "?")) for r in comparable})
+        out.append(f"The QAT columns (and the filled triangles in the format's colour) are read from "
+                   f"{', '.join(f'`{s}`' for s in src)} (`qat/experiments/format_qat_smollm2.py`): a simulation "
+                   f"student per format (`qat.train --format ID`: the format's tables / codebook fitted once on "
+                   f"the teacher and frozen, scales from the current weights, this sweep's scope, activations "
+                   f"unquantised) trained for {'/'.join(steps)} steps on self-generated data, then evaluated with "
+                   "this sweep's windows and teacher cache - directly comparable with the direct cast and GPTQ.")
+    apart = [r for r in qat if not r.get("comparable")]
+    if apart:
+        src = sorted({r["source"] for r in apart})
+        out.append(f"The QAT points in the separate table (red triangles) are read from "
+                   f"{', '.join(f'`{s}`' for s in src)} (written by `qat/experiments/smollm2_qat.py`), not measured "
+                   "here; they use that run's own eval windows, so compare them with the direct-cast point measured "
+                   "in the same run (listed with them), not with this sweep's numbers.")
+    return " ".join(out)
+
+
+def write_report(data: dict[str, Any], qat: list[dict[str, Any]], qat_paths: list[Path], out_dir: Path,
                  discussion: str) -> None:
     plot(data, qat, "kl", out_dir / "baselines_kl.png")
     plot(data, qat, "ppl", out_dir / "baselines_ppl.png")
     cfg = data["config"]
     t = data["teacher"]
     secs = sum(r["seconds_quantise"] + r["seconds_eval"] for r in data["results"])
-    qat_line = (f"QAT points are read from `{qat_path}` (written by `qat/experiments/smollm2_qat.py`), not "
-                "measured here; they use that run's own eval windows, so compare them with the direct-cast point "
-                "measured in the same run (listed with them), not with this sweep's numbers."
-                if qat else f"No QAT results file (`{qat_path}`) was present when this report was written; QAT "
-                "points are added from it when it exists (rerun with `--report-only`).")
+    qat_line = _qat_text(qat, qat_paths)
     md = f"""# Format baselines on SmolLM2-135M: KL and perplexity vs bits/param
 
 Generated by `qat/experiments/baselines_smollm2.py` from `docs/baselines.json` - rerun it to update
@@ -407,8 +456,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="calibration tokens of layer-sequential GPTQ (one pass per layer; default 4096)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
     p.add_argument("--results", type=Path, default=REPO / "docs" / "baselines.json", help="results JSON")
-    p.add_argument("--qat-results", type=Path, default=REPO / "qat" / "experiments" / "smollm2_qat.json",
-                   help="QAT points to add to the plots/table if the file exists")
+    p.add_argument("--qat-results", type=Path, nargs="*",
+                   default=[REPO / "qat" / "experiments" / "smollm2_qat.json",
+                            REPO / "qat" / "experiments" / "format_qat_smollm2.json"],
+                   help="QAT results files whose points are added to the plots/table (those that exist; default: "
+                        "smollm2_qat.py's and format_qat_smollm2.py's)")
     p.add_argument("--out-dir", type=Path, default=REPO / "docs", help="where baselines.md and the PNGs go")
     p.add_argument("--only", nargs="*", help="run only these format ids (e.g. int6_g128 s3d8)")
     p.add_argument("--budget-min", type=float, default=None,
@@ -422,9 +474,11 @@ def main(argv: list[str] | None = None) -> int:
         data = run(args)
     discussion = DISCUSSION_FILE.read_text() if DISCUSSION_FILE.is_file() else ""
     s3d8_bits = next((r["bits_per_param"] for r in data["results"] if r["id"] == "s3d8"), None)
-    write_report(data, load_qat(args.qat_results, s3d8_bits), args.qat_results.relative_to(REPO)
-                 if args.qat_results.is_absolute() and REPO in args.qat_results.parents else args.qat_results,
-                 args.out_dir, discussion)
+    paths = [p.relative_to(REPO) if p.is_absolute() and REPO in p.parents else p for p in args.qat_results]
+    qat = []
+    for p, rel in zip(args.qat_results, paths):
+        qat += [{**r, "source": str(rel)} for r in load_qat(p, s3d8_bits, data["config"])]
+    write_report(data, qat, paths, args.out_dir, discussion)
     return 0
 
 

@@ -236,3 +236,27 @@ def test_quantiser_groups() -> None:
     assert IntFormat(6, 512).quantiser(w).group == 200
     assert LloydMaxFormat(6).quantiser(w).group == 200
     assert S3D8Format().quantiser(w).group == 200
+
+
+# ---------------------------------------------------------------------------------------------------
+# QAT split (qat.train --format): frozen per-matrix fit, scales from the current weights
+
+
+QAT_FORMATS = (IntFormat(6, 128), IntFormat(8, 64, affine=True), StudentTFormat(6, 128), LloydMaxFormat(6), S3D8Format())
+
+
+@pytest.mark.parametrize("fmt", QAT_FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("shape", [(96, 1024), (100, 576), (7, 200)])  # S3D8: eligible, ineligible (k, rows)
+def test_qat_split_is_the_direct_cast_and_scales_are_dynamic(fmt: WeightFormat, shape: tuple[int, int]) -> None:
+    """``qat_quantise(w, qat_fit(w)) == quantise(w)`` bit for bit; with the fit frozen, the scales follow the
+    weights: doubling w doubles every bf16 absmax scale exactly and keeps every normalised value, so the value of
+    2w is exactly 2 * the value of w (a scale frozen at fit time would not double)."""
+    w = torch.from_numpy(np.random.default_rng(8).standard_t(5, shape).astype(np.float32) * 0.02)
+    fitted = fmt.qat_fit(w)
+    assert all(isinstance(v, torch.Tensor) for v in fitted.values())
+    q = fmt.qat_quantise(w, fitted)
+    assert torch.equal(q, fmt.quantise(w))
+    assert torch.equal(fmt.qat_quantise(2 * w, fitted), 2 * q)
+    if "table" in fitted or "codebook" in fitted:  # the frozen part is not refitted: another matrix, same table
+        v = torch.sign(w) * w.abs().sqrt() * 0.1  # lighter tails: a different distribution of normalised values
+        assert not torch.equal(fmt.qat_quantise(v, fitted), fmt.quantise(v))
