@@ -76,9 +76,9 @@ HEAD_NAMES = {INT8_CHANNEL: "INT8 per-channel"}
 
 def plan(quick: bool = False) -> list[tuple[Spec, str]]:
     """(format, method) pairs in priority order: a run stopped early (``--budget-min``) still has the most
-    informative points. Direct cast: INT K in {4,6,8,12,16} x G in {32,64,128}, Student-t, Lloyd-Max,
-    affine INT, S3D8. GPTQ: a time-bounded subset (GPTQ of the whole model costs minutes per format on
-    the shared 2-core machine), the bit widths where the model still works first.
+    informative points. Direct cast: INT K in {4,6,8,12,16} x G in {32,64,128}, Student-t and Lloyd-Max at
+    K in {4,6,8,12,16}, affine INT, S3D8. GPTQ: a time-bounded subset (GPTQ of the whole model costs minutes
+    per format on the shared 2-core machine), the bit widths where the model still works first.
     """
     def spec(sid: str) -> Spec:
         fmt = format_from_id(sid)  # the ids are qat.formats' (also qat.train --format's)
@@ -101,6 +101,9 @@ def plan(quick: bool = False) -> list[tuple[Spec, str]]:
     out += [(int_spec(k, 64), "direct") for k in (16, 12, 8, 6, 4)]
     out += [(int_spec(k, 128, True), "direct") for k in (8, 6, 4)]
     out += [(int_spec(k, 128), "gptq") for k in (12, 4)] + [(int_spec(16, 32), "gptq")]
+    # the Student-t and Lloyd-Max curves: the other level counts, direct cast first
+    tables = [spec(f"studentt{k}_g128") for k in (8, 4, 12, 16)] + [spec(f"lloydmax{k}") for k in (8, 4, 12, 16)]
+    out += [(sp, "direct") for sp in tables] + [(sp, "gptq") for sp in tables]
     return out
 
 

@@ -76,6 +76,8 @@ def main() -> int:
     p.add_argument("--eval-tokens", type=int, default=4096)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--train-only", choices=("all", "s3d8"), default="all", help="passed to qat.train")
+    p.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                   help="passed to qat.train (default on: with every parameter trained it is the faster setting here)")
     p.add_argument("--json", type=Path, default=REPO / "qat" / "experiments" / "smollm2_qat.json")
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "qat.png")
     a = p.parse_args()
@@ -98,7 +100,7 @@ def main() -> int:
     del direct
     args = ["--teacher", str(teacher_dir), "--data", str(a.data), "--out", str(a.run), "--steps", str(a.steps),
             "--batch", str(a.batch), "--seq-len", str(a.seq_len), "--threads", str(a.threads), "--save-every", "25",
-            "--no-grad-checkpointing", "--train-only", a.train_only]  # 135M parameters: activations fit; recomputation would cost a third more
+            "--grad-checkpointing" if a.grad_checkpointing else "--no-grad-checkpointing", "--train-only", a.train_only]
     if a.lr is not None:
         args += ["--lr", str(a.lr)]
     t0 = time.time()
