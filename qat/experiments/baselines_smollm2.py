@@ -244,7 +244,8 @@ def _qat_rows(data: Any, s3d8_bits: float | None, config: dict[str, Any] | None)
         if bits is None:
             return []
         proto = f"its own eval windows: ctx {st.get('eval_ctx', '?')}, {st.get('eval_tokens', '?')} tokens"
-        out = [{"label": f"S3D8 QAT, {data.get('steps', '?')} steps ({proto})", "bits_per_param": bits,
+        trained = "S3D8 weights trained" if st.get("train_only") == "s3d8" else "every parameter trained"
+        out = [{"label": f"S3D8 QAT, {data.get('steps', '?')} steps, {trained} ({proto})", "bits_per_param": bits,
                 "kl": data["qat"]["kl"], "ppl": data["qat"]["ppl"]}]
         if isinstance(data.get("direct_cast"), dict):
             out.append({"label": f"S3D8 direct cast as measured by the QAT run ({proto})", "bits_per_param": bits,
@@ -461,9 +462,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=REPO / "docs" / "baselines.json", help="results JSON")
     p.add_argument("--qat-results", type=Path, nargs="*",
                    default=[REPO / "qat" / "experiments" / "smollm2_qat.json",
+                            REPO / "qat" / "experiments" / "smollm2_qat_all.json",
                             REPO / "qat" / "experiments" / "format_qat_smollm2.json"],
                    help="QAT results files whose points are added to the plots/table (those that exist; default: "
-                        "smollm2_qat.py's and format_qat_smollm2.py's)")
+                        "smollm2_qat.py's two runs and format_qat_smollm2.py's)")
     p.add_argument("--out-dir", type=Path, default=REPO / "docs", help="where baselines.md and the PNGs go")
     p.add_argument("--only", nargs="*", help="run only these format ids (e.g. int6_g128 s3d8)")
     p.add_argument("--budget-min", type=float, default=None,
@@ -480,7 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     paths = [p.relative_to(REPO) if p.is_absolute() and REPO in p.parents else p for p in args.qat_results]
     qat = []
     for p, rel in zip(args.qat_results, paths):
-        qat += [{**r, "source": str(rel)} for r in load_qat(p, s3d8_bits, data["config"])]
+        rows = [{**r, "source": str(rel)} for r in load_qat(p, s3d8_bits, data["config"])]
+        # QAT runs on the same data and eval windows share their direct-cast reference: list it once
+        qat += [r for r in rows if not (r.get("reference") and any(q.get("reference") and q["label"] == r["label"]
+                                                                   and q["kl"] == r["kl"] for q in qat))]
     write_report(data, qat, paths, args.out_dir, discussion)
     return 0
 
