@@ -50,6 +50,7 @@ import io
 import json
 import math
 import os
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -325,6 +326,16 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def load_results(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """An experiment's results file if it was written with ``config``, else a fresh one (a note on stderr)."""
+    if path.is_file():
+        data = json.loads(path.read_text())
+        if data.get("config") == config:
+            return data
+        print(f"{path}: different configuration, starting afresh", file=sys.stderr)
+    return {"config": config, "teacher": None, "results": []}
 
 
 def _atomic_save_npy(path: Path, arr: np.ndarray) -> None:

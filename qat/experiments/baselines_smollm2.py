@@ -47,7 +47,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from qat.formats import IntFormat, WeightFormat, format_family, format_from_id  # noqa: E402
-from qat.text_eval import atomic_write  # noqa: E402
+from qat.text_eval import atomic_write, load_results  # noqa: E402
 
 RESULTS_VERSION = 1
 
@@ -105,19 +105,6 @@ def plan(quick: bool = False) -> list[tuple[Spec, str]]:
     tables = [spec(f"studentt{k}_g128") for k in (8, 4, 12, 16)] + [spec(f"lloydmax{k}") for k in (8, 4, 12, 16)]
     out += [(sp, "direct") for sp in tables] + [(sp, "gptq") for sp in tables]
     return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# results file
-
-
-def load_results(path: Path, config: dict[str, Any]) -> dict[str, Any]:
-    if path.is_file():
-        data = json.loads(path.read_text())
-        if data.get("config") == config:
-            return data
-        print(f"{path}: different configuration, starting afresh", file=sys.stderr)
-    return {"config": config, "teacher": None, "results": []}
 
 
 # ---------------------------------------------------------------------------------------------------

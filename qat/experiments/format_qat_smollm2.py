@@ -41,7 +41,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from qat.text_eval import atomic_write  # noqa: E402
+from qat.text_eval import atomic_write, load_results  # noqa: E402
 
 DEFAULT_FORMATS = ("int6_g128", "studentt6_g128", "lloydmax6", "s3d8")
 RESULTS_VERSION = 1
@@ -90,15 +90,6 @@ def run_dir(root: Path, fmt_id: str, settings: dict[str, Any]) -> Path:
     training = {k: v for k, v in settings.items() if k not in ("ctx", "eval_tokens")}
     h = hashlib.sha256(json.dumps(training, sort_keys=True).encode()).hexdigest()[:10]
     return root / f"{fmt_id}-{h}"
-
-
-def load_results(path: Path, config: dict[str, Any]) -> dict[str, Any]:
-    if path.is_file():
-        data = json.loads(path.read_text())
-        if data.get("config") == config:
-            return data
-        print(f"{path}: different configuration, starting afresh", file=sys.stderr)
-    return {"config": config, "teacher": None, "results": []}
 
 
 def sweep_direct(fmt_id: str) -> dict[str, Any] | None:
