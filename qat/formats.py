@@ -428,7 +428,10 @@ class StudentTFormat:
 
     def quantiser(self, w: torch.Tensor) -> GroupQuantiser:
         _, _, table = self.fit(w)
-        return _TableQuantiser(group=min(self.block, int(w.shape[-1])), divisor=1.0, table=table)
+        return self._table_quantiser(table, int(w.shape[-1]))
+
+    def _table_quantiser(self, table: torch.Tensor, k: int) -> _TableQuantiser:
+        return _TableQuantiser(group=min(self.block, k), divisor=1.0, table=table)
 
     def qat_fit(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         """The table ``multiplier * T(df)`` of the fit (float64, as :meth:`quantiser` uses it), df and multiplier."""
@@ -438,8 +441,7 @@ class StudentTFormat:
 
     def qat_quantise(self, w: torch.Tensor, fitted: dict[str, torch.Tensor]) -> torch.Tensor:
         m, shape = _as_matrix(w)
-        q = _TableQuantiser(group=min(self.block, int(m.shape[-1])), divisor=1.0, table=fitted["table"])
-        return direct_cast(q, m).reshape(shape)
+        return direct_cast(self._table_quantiser(fitted["table"], int(m.shape[-1])), m).reshape(shape)
 
     def quantise(self, w: torch.Tensor) -> torch.Tensor:
         m, shape = _as_matrix(w)
@@ -518,7 +520,11 @@ class LloydMaxFormat:
         return lloyd_max_table(u, self.levels, threshold=self.threshold)
 
     def quantiser(self, w: torch.Tensor) -> GroupQuantiser:
-        return _TableQuantiser(group=int(w.shape[-1]), divisor=1.0, table=self.fit(w))
+        return self._table_quantiser(self.fit(w), int(w.shape[-1]))
+
+    @staticmethod
+    def _table_quantiser(table: torch.Tensor, k: int) -> _TableQuantiser:
+        return _TableQuantiser(group=k, divisor=1.0, table=table)  # one per-channel scale per row
 
     def qat_fit(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         """The level table (float64, as :meth:`quantiser` uses it)."""
@@ -526,8 +532,7 @@ class LloydMaxFormat:
 
     def qat_quantise(self, w: torch.Tensor, fitted: dict[str, torch.Tensor]) -> torch.Tensor:
         m, shape = _as_matrix(w)
-        q = _TableQuantiser(group=int(m.shape[-1]), divisor=1.0, table=fitted["table"])
-        return direct_cast(q, m).reshape(shape)
+        return direct_cast(self._table_quantiser(fitted["table"], int(m.shape[-1])), m).reshape(shape)
 
     def quantise(self, w: torch.Tensor) -> torch.Tensor:
         m, shape = _as_matrix(w)

@@ -532,7 +532,7 @@ def train(args: argparse.Namespace) -> list[float]:
         bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{sched.get_last_lr()[0]:.3g}")
         bar.update(1)
         if step % args.save_every == 0 or step == stop_at:
-            ck_state = state()
+            ck_state = state() if fsdp or rank == 0 else None  # FSDP2: every rank takes part in the gather
             if rank == 0:
                 save_checkpoint(ck_path, ck_state)
     bar.close()
