@@ -40,7 +40,7 @@ from torch.nn import functional as F
 from qat.ggml_torch import f16_round, q8_0_activations, q8_0_dequantised
 from qat.s3d8_torch import fake_quant_activations, s3d8_dequantised
 
-__all__ = ["WeightSpec", "plan_weights", "plan_weights_from_sources", "fake_quant_weight", "quantise_student", "QuantLinear", "QuantEmbedding",
+__all__ = ["WeightSpec", "plan_weights", "plan_weights_from_sources", "fake_quant_weight", "weights_stepped", "quantise_student", "QuantLinear", "QuantEmbedding",
            "student_specs", "FormatSpec", "plan_format", "spec_from_state"]
 
 WEIGHT_TYPES = ("s3d8", "q8_0", "f16", "bf16", "f32")
@@ -302,22 +302,33 @@ class _STE(torch.autograd.Function):
 
 
 class _WeightCache:
-    """Dequantised weights keyed by parameter identity and version (in-place optimiser steps bump it).
+    """Dequantised weights keyed by parameter identity, autograd version and, for trainable weights, the
+    optimiser step (:meth:`new_step`).
+
+    The version alone covers an in-place optimiser step in one process; it does not cover FSDP2, which
+    all-gathers each step's new weights into the same unsharded Parameters without bumping their version
+    (``torch.autograd._unsafe_preserve_version_counter``). Within a step every use of a weight (micro-batches,
+    checkpoint recomputation, a tied LM head) shares one value. Frozen weights stay cached across steps.
 
     Entries hold a weak reference to their parameter and are checked against it, so a new parameter that
     reuses a freed one's ``id`` never sees a stale value; entries of freed parameters are dropped.
     """
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref, int, WeightSpec, torch.Tensor]] = {}
+        self._entries: dict[int, tuple[weakref.ref, tuple[int, int], WeightSpec | FormatSpec, torch.Tensor]] = {}
+        self._step = 0
 
-    def get(self, w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
-        key, version = id(w), w._version
+    def new_step(self) -> None:
+        """Expire the values of every trainable weight (call after each optimiser step)."""
+        self._step += 1
+
+    def get(self, w: torch.Tensor, spec: WeightSpec | FormatSpec) -> torch.Tensor:
+        key, stamp = id(w), (w._version, self._step if w.requires_grad else 0)
         hit = self._entries.get(key)
-        if hit is not None and hit[0]() is w and hit[1] == version and hit[2] is spec:
+        if hit is not None and hit[0]() is w and hit[1] == stamp and hit[2] is spec:
             return hit[3]
         value = _dequantised(w, spec)
-        self._entries[key] = (weakref.ref(w, lambda _r, k=key: self._drop(k, _r)), version, spec, value)
+        self._entries[key] = (weakref.ref(w, lambda _r, k=key: self._drop(k, _r)), stamp, spec, value)
         return value
 
     def _drop(self, key: int, ref: weakref.ref) -> None:
@@ -327,6 +338,12 @@ class _WeightCache:
 
 
 _CACHE = _WeightCache()
+
+
+def weights_stepped() -> None:
+    """Tell the fake quantisation that the optimiser has changed the trainable weights (hook it to the
+    optimiser's step: ``opt.register_step_post_hook(lambda *_: weights_stepped())``)."""
+    _CACHE.new_step()
 
 
 def fake_quant_weight(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:

@@ -369,31 +369,6 @@ def fully_shard_student(net: nn.Module, student: nn.Module, device: torch.device
     fully_shard(net, mesh=mesh)
 
 
-def refresh_fake_quant_each_step(student: nn.Module, opt: torch.optim.Optimizer) -> None:
-    """Make the fake-quantised modules of an FSDP2 student see the weights of each new optimiser step.
-
-    They compute from the unsharded fp32 masters, which FSDP2 all-gathers into the same Parameter objects every
-    time, keeping their autograd version (``torch.autograd._unsafe_preserve_version_counter``); ``qat.student``
-    caches a fake-quantised weight per parameter version. So the first use of each trainable weight after a
-    step bumps its version (later uses in the step - micro-batches, checkpoint recomputation, the tied LM head -
-    reuse the cached value, as in one process).
-    """
-    from qat.student import QuantEmbedding, QuantLinear
-
-    bumped: set[int] = set()  # ids of the unsharded weights bumped since the last step
-
-    def bump_once(module: nn.Module, args: Any) -> None:
-        w = module.weight
-        if w.requires_grad and id(w) not in bumped:
-            bumped.add(id(w))
-            torch.autograd.graph.increment_version(w)
-
-    for m in student.modules():
-        if isinstance(m, (QuantLinear, QuantEmbedding)):
-            m.register_forward_pre_hook(bump_once)
-    opt.register_step_post_hook(lambda *_: bumped.clear())
-
-
 def train(args: argparse.Namespace) -> list[float]:
     """Run (or resume) training as ``args`` says; returns the loss of every step done so far."""
     torch.set_num_threads(args.threads)
@@ -468,8 +443,9 @@ def train(args: argparse.Namespace) -> list[float]:
     lr = args.lr if args.lr is not None else default_lr(args.lr_bits)
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95),
                             weight_decay=0.0)
-    if fsdp:
-        refresh_fake_quant_each_step(student, opt)
+    from qat.student import weights_stepped
+
+    opt.register_step_post_hook(lambda *_: weights_stepped())  # FSDP2 does not bump the weights' versions
     sched = get_scheduler("cosine", opt, num_warmup_steps=0, num_training_steps=args.steps)
     losses: list[float] = []
     step = 0
@@ -552,6 +528,24 @@ def _write_json(path: Path, obj: Any) -> None:
 
 # ---------------------------------------------------------------------------------------------------
 # command line
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """The training options an experiment script passes through to ``qat.train`` (see :func:`run_argv`)."""
+    p.add_argument("--data", type=Path, required=True, help="JSONL from python -m qat.generate --text-only")
+    p.add_argument("--steps", type=int, default=300, help="optimiser steps (default %(default)s)")
+    p.add_argument("--batch", type=int, default=4, help="sequences per step (default %(default)s)")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default %(default)s)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default %(default)s)")
+    p.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                   help="recompute activations in the backward pass (default on: ~12 s per step for SmolLM2 here)")
+
+
+def run_argv(a: argparse.Namespace, teacher: Path, out: Path) -> list[str]:
+    """``qat.train`` arguments for the options of :func:`add_run_options` (checkpoint every 25 steps)."""
+    return ["--teacher", str(teacher), "--data", str(a.data), "--out", str(out), "--steps", str(a.steps),
+            "--batch", str(a.batch), "--seq-len", str(a.seq_len), "--threads", str(a.threads), "--save-every", "25",
+            "--grad-checkpointing" if a.grad_checkpointing else "--no-grad-checkpointing"]
 
 
 def build_parser() -> argparse.ArgumentParser:

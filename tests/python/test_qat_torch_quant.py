@@ -102,3 +102,28 @@ def test_q8_0_matches_gguf_quants() -> None:
     _same(ggml_torch.q8_0_dequantised(torch.from_numpy(w)), want)
     with pytest.raises(ValueError):
         ggml_torch.q8_0_dequantised(torch.zeros(3, 33))
+
+
+def test_fake_quant_cache_expires_trainable_weights_per_optimiser_step() -> None:
+    """qat.student caches a fake-quantised weight per (parameter, version) and, for trainable weights, per
+    optimiser step: FSDP2 refills its unsharded Parameters with each step's weights without bumping their
+    version, so the step must expire them (weights_stepped); frozen weights stay cached."""
+    from qat.student import WeightSpec, fake_quant_weight, weights_stepped
+
+    spec = WeightSpec("w", "w", "q8_0", None, None)
+    g = torch.Generator().manual_seed(0)
+    trainable = torch.nn.Parameter(torch.randn(4, 64, generator=g))
+    frozen = torch.nn.Parameter(torch.randn(4, 64, generator=g), requires_grad=False)
+    before = {n: fake_quant_weight(w, spec).detach().clone() for n, w in (("t", trainable), ("f", frozen))}
+    for w in (trainable, frozen):
+        with torch.autograd._unsafe_preserve_version_counter(w):  # what FSDP2's all-gather does
+            w.data.mul_(-2.0)
+    for n, w in (("t", trainable), ("f", frozen)):  # same step: the cached value is reused
+        assert torch.equal(fake_quant_weight(w, spec), before[n])
+    weights_stepped()
+    assert torch.equal(fake_quant_weight(trainable, spec), ggml_torch.q8_0_dequantised(trainable.detach()))
+    assert not torch.equal(fake_quant_weight(trainable, spec), before["t"])
+    assert torch.equal(fake_quant_weight(frozen, spec), before["f"])
+    with torch.no_grad():
+        trainable.add_(1.0)  # an in-place step (one process) bumps the version: no weights_stepped() needed
+    assert torch.equal(fake_quant_weight(trainable, spec), ggml_torch.q8_0_dequantised(trainable.detach()))
