@@ -42,6 +42,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from qat.text_eval import atomic_write, load_results  # noqa: E402
+from qat.train import add_run_options, run_argv  # noqa: E402
 
 DEFAULT_FORMATS = ("int6_g128", "studentt6_g128", "lloydmax6", "s3d8")
 RESULTS_VERSION = 1
@@ -103,20 +104,14 @@ def sweep_direct(fmt_id: str) -> dict[str, Any] | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, required=True, help="JSONL from python -m qat.generate --text-only")
+    add_run_options(p)
     p.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS), metavar="ID",
                    help="format ids (qat.formats.format_from_id; default: %(default)s)")
     p.add_argument("--run-root", type=Path, default=REPO / ".cache" / "qat-formats", help="training run folders")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--lr", type=float, default=None, help="peak lr for every format (default: 2^-(log2 K + 14))")
     p.add_argument("--seed", type=int, default=0, help="batch order (qat.train --seed)")
     p.add_argument("--ctx", type=int, default=512, help="eval window (default: the sweep's 512)")
     p.add_argument("--eval-tokens", type=int, default=2048, help="eval token budget (default: the sweep's 2048)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True,
-                   help="passed to qat.train (default on)")
     p.add_argument("--stop-after", type=int, default=None, metavar="N",
                    help="train at most N steps per format in this invocation (rerun to continue)")
     p.add_argument("--budget-min", type=float, default=None,
@@ -165,10 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{fid}: already in {a.json} with these settings", file=sys.stderr)
             continue
         out = run_dir(a.run_root, fid, settings)
-        argv_train = ["--teacher", str(teacher_dir), "--data", str(a.data), "--out", str(out), "--format", fid,
-                      "--steps", str(a.steps), "--batch", str(a.batch), "--seq-len", str(a.seq_len),
-                      "--lr", repr(settings["lr"]), "--seed", str(a.seed), "--threads", str(a.threads),
-                      "--save-every", "25", "--grad-checkpointing" if a.grad_checkpointing else "--no-grad-checkpointing"]
+        argv_train = run_argv(a, teacher_dir, out) + ["--format", fid, "--lr", repr(settings["lr"]), "--seed", str(a.seed)]
         if a.stop_after is not None:
             argv_train += ["--stop-after", str(a.stop_after)]
         ck_path = out / "checkpoint.pt"

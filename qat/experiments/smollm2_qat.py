@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from qat.train import build_student, main as train_main, student_from_checkpoint
+from qat.train import add_run_options, build_student, main as train_main, run_argv, student_from_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,18 +66,12 @@ def main() -> int:
     from convert.assets import smollm2_hf_dir, wiki_text
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, required=True, help="JSONL from python -m qat.generate --text-only")
+    add_run_options(p)
     p.add_argument("--run", type=Path, default=REPO / ".cache" / "qat-smollm2" / "run", help="training run folder")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--lr", type=float, default=None, help="default: qat.train's 2^-17")
     p.add_argument("--eval-ctx", type=int, default=256)
     p.add_argument("--eval-tokens", type=int, default=4096)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--train-only", choices=("all", "s3d8"), default="all", help="passed to qat.train")
-    p.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True,
-                   help="passed to qat.train (default on; the all-parameter proof run used it: ~12 s per step here)")
     p.add_argument("--json", type=Path, default=REPO / "qat" / "experiments" / "smollm2_qat.json")
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "qat.png")
     a = p.parse_args()
@@ -98,9 +92,7 @@ def main() -> int:
     result["direct_cast"] = _evaluate(direct, teacher, windows)
     print("direct cast:", result["direct_cast"], flush=True)
     del direct
-    args = ["--teacher", str(teacher_dir), "--data", str(a.data), "--out", str(a.run), "--steps", str(a.steps),
-            "--batch", str(a.batch), "--seq-len", str(a.seq_len), "--threads", str(a.threads), "--save-every", "25",
-            "--grad-checkpointing" if a.grad_checkpointing else "--no-grad-checkpointing", "--train-only", a.train_only]
+    args = run_argv(a, teacher_dir, a.run) + ["--train-only", a.train_only]
     if a.lr is not None:
         args += ["--lr", str(a.lr)]
     t0 = time.time()
