@@ -104,6 +104,9 @@ def plan(quick: bool = False) -> list[tuple[Spec, str]]:
     # the Student-t and Lloyd-Max curves: the other level counts, direct cast first
     tables = [spec(f"studentt{k}_g128") for k in (8, 4, 12, 16)] + [spec(f"lloydmax{k}") for k in (8, 4, 12, 16)]
     out += [(sp, "direct") for sp in tables] + [(sp, "gptq") for sp in tables]
+    # GPTQ on the rest of the INT grid: G = 64 and G = 32 at every K, affine G = 128 below K = 16
+    out += [(int_spec(k, 64), "gptq") for k in (16, 12, 8, 6, 4)] + [(int_spec(k, 32), "gptq") for k in (12, 8, 6, 4)]
+    out += [(int_spec(k, 128, True), "gptq") for k in (8, 6, 4)]
     return out
 
 
@@ -257,6 +260,17 @@ FAMILY_COLOURS = {"INT": "tab:blue", "INT affine": "tab:cyan", "Student-t": "tab
                   "S3D8": "tab:red"}
 METHOD_MARKERS = {"direct": "o", "gptq": "s", "gptq_seq": "D", "qat": "^"}
 METHOD_NAMES = {"direct": "direct cast", "gptq": "GPTQ (one-shot)", "gptq_seq": "GPTQ (layer-sequential)", "qat": "QAT"}
+METHOD_LINES = {"direct": ":", "gptq": "-", "gptq_seq": "-.", "qat": "--"}
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points not beaten by one with fewer or equal bits (lower is better), by bits: the best value reachable
+    within each bit budget."""
+    front: list[tuple[float, float]] = []
+    for x, y in sorted(points):
+        if not front or y < front[-1][1]:
+            front.append((x, y))
+    return front
 
 
 def plot(data: dict[str, Any], qat: list[dict[str, Any]], metric: str, out: Path) -> None:
@@ -275,15 +289,15 @@ def plot(data: dict[str, Any], qat: list[dict[str, Any]], metric: str, out: Path
                         and bool(r.get("head")) == head]
                 if not rows:
                     continue
+                if not head:  # the family's best result per bit budget under this method
+                    front = pareto_front([(r["bits_per_param"], r[metric]) for r in rows])
+                    ax.plot(*zip(*front), color=colour, lw=1, alpha=0.7, ls=METHOD_LINES[method], zorder=1)
                 xs, ys = [r["bits_per_param"] for r in rows], [r[metric] for r in rows]
                 if head:  # lm_head INT8 variants: hollow markers
                     ax.scatter(xs, ys, facecolors="none", edgecolors=colour, marker=marker, s=44, linewidths=1.3)
                 else:
                     ax.scatter(xs, ys, c=colour, marker=marker, s=70 if method == "qat" else 36, alpha=0.9,
                                linewidths=0.5, edgecolors="none" if method == "direct" else "k")
-    for r in qat:  # the other QAT points (own eval windows): S3D8 triangles
-        if not r.get("reference") and not r.get("comparable"):
-            ax.scatter([r["bits_per_param"]], [r[metric]], c=FAMILY_COLOURS["S3D8"], marker="^", s=70, edgecolors="k")
     if metric == "ppl":
         ax.axhline(data["teacher"]["ppl"], color="grey", ls="--", lw=1)
         ax.text(ax.get_xlim()[1], data["teacher"]["ppl"], " fp32", va="center", fontsize=8, color="grey")
@@ -293,7 +307,7 @@ def plot(data: dict[str, Any], qat: list[dict[str, Any]], metric: str, out: Path
     ax.set_title(f"SmolLM2-135M: {'KL' if metric == 'kl' else 'perplexity'} vs bits/param")
     ax.grid(True, which="both", alpha=0.3)
     handles = [Line2D([], [], ls="", marker="o", color=c, label=f) for f, c in FAMILY_COLOURS.items()]
-    handles += [Line2D([], [], ls="", marker=m, color="grey", markeredgecolor="k", label=METHOD_NAMES[k])
+    handles += [Line2D([], [], ls=METHOD_LINES[k], marker=m, color="grey", markeredgecolor="k", label=METHOD_NAMES[k])
                 for k, m in METHOD_MARKERS.items()]
     handles.append(Line2D([], [], ls="", marker="o", markerfacecolor="none", markeredgecolor="grey",
                           label="hollow: lm_head INT8"))
@@ -356,7 +370,7 @@ def _qat_text(qat: list[dict[str, Any]], qat_paths: list[Path]) -> str:
     apart = [r for r in qat if not r.get("comparable")]
     if apart:
         src = sorted({r["source"] for r in apart})
-        out.append(f"The QAT points in the separate table (red triangles) are read from "
+        out.append(f"The QAT points in the separate table (not plotted) are read from "
                    f"{', '.join(f'`{s}`' for s in src)} (written by `qat/experiments/smollm2_qat.py`), not measured "
                    "here; they use that run's own eval windows, so compare them with the direct-cast point measured "
                    "in the same run (listed with them), not with this sweep's numbers.")
@@ -386,7 +400,9 @@ nice -n 10 .venv/bin/python qat/experiments/baselines_smollm2.py
 
 Markers: circle = direct cast, square = GPTQ (one-shot Hessians), diamond = GPTQ (layer-sequential),
 triangle = QAT; hollow = the tied embedding/lm_head in INT8 per-channel instead of the format (the
-paper's "lm_head INT8" variant). Colours: format family. {qat_line}
+paper's "lm_head INT8" variant). Colours: format family. Lines: each family's best result within a bit
+budget (Pareto front over its G / K / parameterisation) per method - dotted direct cast, solid GPTQ,
+dash-dot layer-sequential GPTQ, dashed QAT. {qat_line}
 
 ## Results
 
