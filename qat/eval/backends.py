@@ -10,7 +10,10 @@ prompt (user text), the backend adds the chat framing and the image.
   decode of the new tokens *with* special tokens (e.g. a trailing ``<|eot_id|>``), pad tokens removed, as the
   authors scored it. One example at a time (the authors batched with left padding; greedy answers can differ
   in rare near-ties). A model without ``generate`` is decoded by :func:`greedy_generate` (no KV cache: slow,
-  meant for small models and tests).
+  meant for small models and tests). The vision encoder runs with Meta's intermediate-layer taps
+  (:func:`qat.mllama_hf.meta_taps`; transformers 5 taps one layer late, docs/mllama.md), as in llama.cpp, QAT
+  and ``qat.generate``. :meth:`TransformersBackend.from_qat_checkpoint` evaluates a QAT student (fake-quantised
+  weights and activations: the function of its exported GGUF).
 * :class:`OpenAIBackend` posts to an OpenAI-compatible ``/v1/chat/completions`` (llama-server started with
   ``--mmproj``): one user message with an ``image_url`` part (base64 data URL) then a ``text`` part,
   ``temperature`` 0 and ``max_tokens``; the answer is ``choices[0].message.content``. The server's chat
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from qat.generate import image_base64, load_rgb
+from qat.mllama_hf import meta_taps
 from qat.prompts import CHAT_TEMPLATE
 
 #: the authors' instruct framing (LM ``utility.LLAMA_PROMPT_TEMPLATES["instruct"]``), the one QAT data uses too
@@ -94,6 +98,24 @@ class TransformersBackend:
         model = MllamaForConditionalGeneration.from_pretrained(path, dtype=torch_dtype).to(device).eval()
         return cls(model, AutoProcessor.from_pretrained(path))
 
+    @classmethod
+    def from_qat_checkpoint(cls, path: Path | str, teacher: Path | str | None = None,
+                            device: str = "cpu") -> "TransformersBackend":
+        """The student of a ``qat.train`` checkpoint of an mllama teacher; ``teacher`` (the folder with the
+        processor files) defaults to the one the checkpoint was trained from. Raises ``qat.train.TrainError``."""
+        from transformers import AutoProcessor
+
+        from qat.train import TrainError, load_checkpoint, student_from_checkpoint
+
+        ck = load_checkpoint(Path(path))
+        teacher_dir = Path(teacher or ck["teacher"])
+        if not (teacher_dir / "config.json").is_file():
+            raise TrainError(f"{path}: its teacher {teacher_dir} is not a checkpoint folder (give it with --teacher)")
+        student = student_from_checkpoint(Path(path), teacher_dir).to(device).eval()
+        if type(student).__name__ != "MllamaForConditionalGeneration":
+            raise TrainError(f"{path}: a {type(student).__name__} student, not Llama 3.2 Vision")
+        return cls(student, AutoProcessor.from_pretrained(teacher_dir))
+
     def _device(self) -> Any:
         params = getattr(self.model, "parameters", None)
         return next(params()).device if params is not None else "cpu"
@@ -104,13 +126,13 @@ class TransformersBackend:
         image = load_rgb(Path(image_path))
         inputs = self.processor(images=[[image]], text=[self.template.format(prompt=prompt)], return_tensors="pt")
         inputs = {k: v.to(self._device()) for k, v in inputs.items()}
-        if hasattr(self.model, "generate"):
-            with torch.no_grad():
+        with torch.no_grad(), meta_taps():
+            if hasattr(self.model, "generate"):
                 out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                           temperature=None, top_p=None, top_k=None)
-            new = out[0, inputs["input_ids"].shape[1]:].tolist()
-        else:
-            new = greedy_generate(self.model, inputs, max_new_tokens, self.eos_ids)
+                new = out[0, inputs["input_ids"].shape[1]:].tolist()
+            else:
+                new = greedy_generate(self.model, inputs, max_new_tokens, self.eos_ids)
         text = self.processor.decode(new, skip_special_tokens=False)
         pad = self.processor.tokenizer.pad_token
         return text.replace(pad, "") if pad else text

@@ -155,3 +155,32 @@ def test_llama_mtmd_cli_answers_about_a_photo(pipeline) -> None:
         answers.append(r.stdout)
     assert answers[0].strip(), "no answer"
     assert all(a == answers[0] for a in answers), answers
+
+
+def test_vqa_evaluation_of_the_student(pipeline, tmp_path, capsys) -> None:
+    """``python -m qat.eval --student`` scores the QAT checkpoint's fake-quantised student (on a VQAv2 fixture):
+    its answers are those of the student built from the checkpoint, which differ from the teacher's function
+    (checked on the logits above)."""
+    from qat.eval.__main__ import main as eval_main
+    from qat.eval.backends import TransformersBackend
+    from qat.eval.readers import read_vqav2
+    from qat.eval.tasks import TASKS
+    from test_vqa_eval import make_vqav2
+
+    data = make_vqav2(tmp_path / "vqav2")
+    out = tmp_path / "vqav2.json"
+    assert eval_main(["--task", "vqav2", "--data", str(data), "--student", str(pipeline["checkpoint"]), "--n", "2",
+                      "--out", str(out), "--no-progress"]) == 0
+    res = json.loads(out.read_text())
+    assert res["n"] == 2 and res["backend"] == f"qat-student:{pipeline['checkpoint']}"
+    from transformers import AutoProcessor
+
+    direct = TransformersBackend(_student(pipeline), AutoProcessor.from_pretrained(pipeline["teacher"]))
+    by_id = {ex.id: ex for ex in read_vqav2(data)}
+    for row in res["examples"]:
+        ex = by_id[row["id"]]
+        assert row["prediction"] == direct.answer(ex.image, TASKS["vqav2"].prompt(ex), TASKS["vqav2"].max_new_tokens)
+
+    assert eval_main(["--task", "vqav2", "--data", str(data), "--student", str(tmp_path / "nope.pt"),
+                      "--no-progress"]) == 2
+    assert "nope.pt: no such checkpoint" in capsys.readouterr().err

@@ -12,6 +12,7 @@ import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -500,6 +501,27 @@ def test_model_without_generate_decodes_the_same(tmp_path, tiny_checkpoint):
     plain = TransformersBackend(Plain(hf.model), hf.processor)
     img = put("coffee.png", tmp_path / "coffee.png")
     assert plain.answer(img, "What is this?", 4) == hf.answer(img, "What is this?", 4)
+
+
+def test_transformers_backend_taps_the_vision_encoder_as_meta(tmp_path, tiny_checkpoint):
+    """The intermediate-layer taps are each layer's *input* (Meta, llama.cpp; docs/mllama.md 3.4), not its output
+    as transformers 5 records them: in the encoder's output, tap i is what vision layer i received."""
+    from qat.eval.backends import TransformersBackend
+
+    hf = TransformersBackend.from_pretrained(tiny_checkpoint)
+    encoder = hf.model.model.vision_model.transformer
+    seen: dict[str, Any] = {}
+
+    def layer_input(_m, args, kwargs) -> None:
+        seen["input"] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+    def encoder_output(_m, _args, out) -> None:
+        seen["taps"] = out.hidden_states
+
+    encoder.layers[1].register_forward_pre_hook(layer_input, with_kwargs=True)
+    encoder.register_forward_hook(encoder_output)
+    hf.answer(put("coffee.png", tmp_path / "coffee.png"), "What is this?", 1)
+    assert seen["taps"][1].equal(seen["input"])
 
 
 def test_llama_server_end_to_end(tmp_path, server):
