@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterable, Literal
 import torch
 
 from qat.formats import GroupQuantiser, WeightFormat, direct_cast
+from qat.mllama_hf import meta_taps
 
 __all__ = [
     "GPTQConfig",
@@ -115,7 +116,9 @@ def collect_hessians(model: torch.nn.Module, batches: Iterable[dict[str, Any]],
                      modules: dict[str, torch.nn.Linear] | None = None,
                      progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
                      stop_early: bool = False) -> dict[str, HessianCollector]:
-    """Run ``model(**batch)`` for each calibration batch and collect every Linear's input Hessian.
+    """Run ``model(**batch)`` for each calibration batch and collect every Linear's input Hessian (Llama 3.2
+    Vision with Meta's intermediate-layer taps, :func:`qat.mllama_hf.meta_taps`, so the projector sees the
+    inputs it sees in llama.cpp).
 
     Consecutive hooks that see the very same input tensor (q/k/v, gate/up) share one collector, so the
     product is computed and stored once. Modules that receive no input get a collector with ``n == 0``.
@@ -148,7 +151,7 @@ def collect_hessians(model: torch.nn.Module, batches: Iterable[dict[str, Any]],
 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in modules.items()]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), meta_taps():  # an mllama vision encoder taps layer inputs, as llama.cpp does
             for batch in (progress(batches) if progress else batches):
                 seen.clear()
                 try:

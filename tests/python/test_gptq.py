@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from qat.formats import IntFormat, LloydMaxFormat, S3D8Format, StudentTFormat, direct_cast
-from qat.gptq import (GPTQConfig, collect_hessians, group_aware_order, gptq_quantise, inverse_hessian_factor,
+from qat.gptq import (GPTQConfig, HessianCollector, collect_hessians, group_aware_order, gptq_quantise, inverse_hessian_factor,
                       linear_modules, quantise_model)
 
 FORMATS = {
@@ -164,6 +164,18 @@ def test_every_mllama_linear_is_gptq_quantised() -> None:
     before = {n: m.weight.detach().clone() for n, m in linears.items()}
     hs = collect_hessians(model, [batch])
     assert all(hs[n].n > 0 for n in linears), [n for n in linears if hs[n].n == 0]
+    # the projector's input holds the vision encoder's intermediate taps: Meta's (layer inputs), as in llama.cpp
+    from qat.mllama_hf import meta_taps
+
+    (proj,) = [n for n in linears if "multi_modal_projector" in n]
+    seen: dict[str, torch.Tensor] = {}
+    handle = linears[proj].register_forward_pre_hook(lambda _m, args: seen.__setitem__("x", args[0].detach().clone()))
+    with torch.no_grad(), meta_taps():
+        model(**batch)
+    handle.remove()
+    want = HessianCollector(seen["x"].shape[-1])
+    want.add(seen["x"])
+    assert torch.equal(hs[proj].xtx, want.xtx)
     report = quantise_model(model, IntFormat(16, 32), method="gptq", hessians=hs)
     assert set(report.gptq) == set(linears)
     embeddings = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)}
