@@ -288,10 +288,12 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return ck
 
 
-def student_from_checkpoint(path: Path, teacher_dir: Path | None = None, *, act_quant: bool = True) -> nn.Module:
-    """The student of a checkpoint (frozen codebooks, master weights), e.g. for evaluation (an mllama student
-    computes with llama.cpp's vision semantics inside :func:`qat.mllama_hf.meta_taps`)."""
-    ck = load_checkpoint(path)  # a simulation checkpoint's specs rebuild its simulation student
+def student_from_checkpoint(path: Path | dict[str, Any], teacher_dir: Path | None = None, *,
+                            act_quant: bool = True) -> nn.Module:
+    """The student of a checkpoint file or of one already loaded by :func:`load_checkpoint` (frozen codebooks,
+    master weights), e.g. for evaluation (an mllama student computes with llama.cpp's vision semantics inside
+    :func:`qat.mllama_hf.meta_taps`)."""
+    ck = path if isinstance(path, dict) else load_checkpoint(path)  # a simulation checkpoint rebuilds its student
     student = build_student(Path(teacher_dir or ck["teacher"]), specs_state=ck["specs"], act_quant=act_quant)
     student.load_state_dict(ck["model"])
     return student

@@ -111,7 +111,8 @@ class TransformersBackend:
         teacher_dir = Path(teacher or ck["teacher"])
         if not (teacher_dir / "config.json").is_file():
             raise TrainError(f"{path}: its teacher {teacher_dir} is not a checkpoint folder (give it with --teacher)")
-        student = student_from_checkpoint(Path(path), teacher_dir).to(device).eval()
+        student = student_from_checkpoint(ck, teacher_dir).to(device).eval()
+        del ck
         if type(student).__name__ != "MllamaForConditionalGeneration":
             raise TrainError(f"{path}: a {type(student).__name__} student, not Llama 3.2 Vision")
         return cls(student, AutoProcessor.from_pretrained(teacher_dir))
