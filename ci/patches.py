@@ -44,7 +44,7 @@ _BASE_ENV = {
     "GIT_AUTHOR_DATE": "2026-10-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-10-01T00:00:00Z",
 }
 # Options that make format-patch output independent of commit hashes, git config and terminal.
-_FORMAT_PATCH_OPTS = ["--zero-commit", "--no-signature", "--no-cover-letter", "--no-binary",
+_FORMAT_PATCH_OPTS = ["--zero-commit", "--no-numbered", "--no-signature", "--no-cover-letter", "--no-binary",
                       "--abbrev=12", "--stat=80", "--no-color", "--no-renames", "--encode-email-headers"]
 _GIT_CONFIG = ["-c", "core.abbrev=12", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
                "-c", "format.signature=", "-c", "core.autocrlf=false", "-c", "user.useConfigOnly=false"]
@@ -111,13 +111,15 @@ def apply(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR, force: boo
         shutil.rmtree(tree)
     make_base(tree, commit)
     for p in series(patch_dir):
-        r = git(tree, "am", "--keep-cr", "--committer-date-is-author-date", "--no-gpg-sign", str(p), check=False)
+        # -3: a conflict is left in the tree (three-way merge markers) to be resolved in place
+        r = git(tree, "am", "-3", "--keep-cr", "--committer-date-is-author-date", "--no-gpg-sign", str(p),
+                check=False)
         if r.returncode != 0:
-            # keep git's diagnosis, drop its advice about `git am --continue` (we abort the session)
             detail = "\n".join(ln for ln in (r.stdout + r.stderr).splitlines()
-                                if ln.startswith(("error:", "warning:", "fatal:")))
-            git(tree, "am", "--abort", check=False)
-            raise PatchError(f"patch {p.name} does not apply cleanly to llama.cpp {commit[:12]}:\n{detail}")
+                                if ln.startswith(("error:", "warning:", "fatal:", "CONFLICT")))
+            raise PatchError(f"patch {p.name} does not apply cleanly to llama.cpp {commit[:12]}:\n{detail}\n"
+                             f"the conflict is left in {tree}: resolve it there, `git am --continue` (the rest of "
+                             f"the series follows), then `python3 ci/patches.py export`")
     head = git(tree, "rev-parse", "HEAD").stdout.strip()
     _stamp_path(tree).write_text(f"{series_digest(patch_dir)} {head}\n")
     return tree

@@ -12,6 +12,8 @@
 // usage: test-s3d8-ops [--quick]
 #include "s3d8-test-common.h"
 
+#include "ggml-s3d8.h"
+
 #include <algorithm>
 
 using namespace s3d8t;
@@ -193,6 +195,23 @@ static void test_get_rows(std::mt19937 & rng) {
 }
 
 // the quantizer: valid output, nearest entries, determinism, small error
+// relative RMS error of a container against the weights
+static double rel_rms_error(const std::vector<uint8_t> & q, const std::vector<float> & w, int64_t n, int64_t k) {
+    const decoded d = decode(q.data(), k, n);
+    double err2 = 0.0, sig2 = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < k; ++j) {
+            const float wq = d.alpha[i] * (float) d.w[i * k + j];
+            err2 += (double) (wq - w[i * k + j]) * (wq - w[i * k + j]);
+            sig2 += (double) w[i * k + j] * w[i * k + j];
+        }
+    }
+    return std::sqrt(err2 / sig2);
+}
+
+// ggml_quantize_chunk without an imatrix runs the iw1 encoder with uniform importance: every triple's
+// scales are its absmax scales clipped by one factor (50 - t)/50, t in 0..20, every index is the best
+// codebook entry in weight space, and the result is no worse than the reference encoder (absmax scales)
 static void test_quantizer(std::mt19937 & rng) {
     const int64_t k = 2048, n = 448;
     printf("quantizer k=%lld n=%lld\n", (long long) k, (long long) n);
@@ -203,41 +222,51 @@ static void test_quantizer(std::mt19937 & rng) {
 
     const decoded d = decode(q1.data(), k, n);
     const uint8_t * cb = q1.data() + 16;
-    int64_t not_nearest = 0;
-    double err2 = 0.0, sig2 = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-        float amax = 0.0f;
-        for (int64_t j = 0; j < k; ++j) {
-            amax = std::max(amax, std::fabs(w[i * k + j]));
+    int64_t bad_scales = 0, clipped = 0;
+    for (int64_t p = 0; p < (n + 2) / 3; ++p) {
+        bool found = false;
+        for (int t = 0; t <= 20 && !found; ++t) {
+            const float c = (50.0f - (float) t) / 50.0f;
+            bool all = true;
+            for (int dd = 0; dd < 3 && 3 * p + dd < n; ++dd) {
+                const int64_t i = 3 * p + dd;
+                float amax = 0.0f;
+                for (int64_t j = 0; j < k; ++j) {
+                    amax = std::max(amax, std::fabs(w[i * k + j]));
+                }
+                volatile float base = amax / 127.0f;
+                volatile float scaled = base * c;
+                all = all && f32_bits(bf16_f32(bf16_rne(scaled))) == f32_bits(d.alpha[i]);
+            }
+            found = all;
+            clipped += all && t > 0;
         }
-        const float alpha = bf16_f32(bf16_rne(amax / 127.0f));
-        S3D8T_CHECK(f32_bits(alpha) == f32_bits(d.alpha[i]), "row %lld: scale", (long long) i);
-        for (int64_t j = 0; j < k; ++j) {
-            const float wq = d.alpha[i] * (float) d.w[i * k + j];
-            err2 += (double) (wq - w[i * k + j]) * (wq - w[i * k + j]);
-            sig2 += (double) w[i * k + j] * w[i * k + j];
-        }
+        bad_scales += !found;
     }
-    // the stored index is the nearest codebook entry (ties to the lowest index) for every vector
+    S3D8T_CHECK(bad_scales == 0, "%lld triples have scales that are not one clip of their absmax scales", (long long) bad_scales);
+    printf("  %lld of %lld triples clipped\n", (long long) clipped, (long long) ((n + 2) / 3));
+
+    // the stored index is the best codebook entry in weight space (ties to the lowest index)
     const uint8_t * body = q1.data() + body_offset(n);
+    int64_t not_nearest = 0;
     for (int64_t p = 0; p < (n + 2) / 3; ++p) {
         for (int64_t j = 0; j < k; ++j) {
-            float a[3];
+            float a[3], al[3];
             for (int dd = 0; dd < 3; ++dd) {
                 const int64_t i = 3 * p + dd;
-                a[dd] = (i < n && d.alpha[i] != 0.0f) ? std::fabs(w[i * k + j] / d.alpha[i]) : 0.0f;
+                a[dd]  = i < n ? std::fabs(w[i * k + j]) : 0.0f;
+                al[dd] = i < n ? d.alpha[i] : 0.0f;
             }
             int best = 0;
             float bd = INFINITY;
             for (int l = 0; l < 32; ++l) {
-                volatile float t0 = (float) cb[3 * l] - a[0];
-                volatile float s0 = t0 * t0;
-                volatile float t1 = (float) cb[3 * l + 1] - a[1];
-                volatile float s1 = t1 * t1;
-                volatile float t2 = (float) cb[3 * l + 2] - a[2];
-                volatile float s2 = t2 * t2;
-                volatile float s01 = s0 + s1;
-                const float dist = s01 + s2;
+                float dist = 0.0f;
+                for (int dd = 0; dd < 3; ++dd) {
+                    volatile float c = al[dd] * (float) cb[3 * l + dd];
+                    volatile float t = a[dd] - c;
+                    volatile float sq = t * t;
+                    dist = dd == 0 ? sq : (float) (dist + sq);
+                }
                 if (dist < bd) {
                     bd = dist;
                     best = l;
@@ -246,11 +275,21 @@ static void test_quantizer(std::mt19937 & rng) {
             not_nearest += ((body[p * k + j] >> 1) & 31) != best;
         }
     }
-    S3D8T_CHECK(not_nearest == 0, "%lld indices are not the nearest codebook entry", (long long) not_nearest);
-    const double rel = std::sqrt(err2 / sig2);
-    printf("  relative RMS quantization error %.4f\n", rel);
-    // Gaussian weights with absmax scales: the numpy codec gets 0.24 on the same kind of data
+    S3D8T_CHECK(not_nearest == 0, "%lld indices are not the best codebook entry in weight space", (long long) not_nearest);
+
+    // the reference encoder (absmax scales, the same fit) for comparison
+    std::vector<uint8_t> ref(q1.size());
+    uint8_t codebook[96];
+    const ggml_s3d8_fit_params params = ggml_s3d8_fit_default_params();
+    ggml_s3d8_fit_codebook(w.data(), n, k, &params, codebook);
+    ggml_s3d8_encode(w.data(), n, k, codebook, ref.data());
+    const double rel = rel_rms_error(q1, w, n, k);
+    const double rel_ref = rel_rms_error(ref, w, n, k);
+    printf("  relative RMS quantization error %.4f (reference encoder %.4f)\n", rel, rel_ref);
+    // Gaussian weights: the reference encoder gets 0.24 (numpy codec too); the search can only lower it
+    // on this data (c = 1 is one of its candidates), measured 0.22
     S3D8T_CHECK(rel < 0.3, "relative RMS quantization error %.4f too large", rel);
+    S3D8T_CHECK(rel <= rel_ref, "iw1 (%.4f) is worse than the reference encoder (%.4f)", rel, rel_ref);
 }
 
 static void test_supports_and_views(std::mt19937 & rng) {

@@ -112,7 +112,9 @@ def test_patch_that_no_longer_applies_fails_clearly(tmp_path: Path, pinned_tree:
     with pytest.raises(patches.PatchError, match=r"0001-ggml-touch-the-header.patch does not apply cleanly") as e:
         patches.apply(tmp_path / "tree3", series)
     assert "ggml/include/ggml.h" in str(e.value)
-    assert "git am --continue" not in str(e.value)  # no misleading advice: the am session was aborted
+    # `git am -3` leaves the session open so that the conflict can be resolved in place, and says how
+    assert "git am --continue" in str(e.value) and "ci/patches.py export" in str(e.value)
+    assert (tmp_path / "tree3" / ".git" / "rebase-apply").is_dir()
 
 
 def test_apply_refuses_to_destroy_uncommitted_work(tmp_path: Path, pinned_tree: Path) -> None:

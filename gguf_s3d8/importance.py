@@ -1,0 +1,319 @@
+"""The importance-aware S3D8 encoder ``iw1`` (docs/s3d8-format.md §1 "Encoder freedom"; docs/codec.md).
+
+A post-training encoder that uses an importance matrix (``llama-imatrix``: the mean squared activation
+of every input column j, ``u_j``) to minimise the error that matters for the layer's output,
+``sum_ij u_j (W_ij - W~_ij)^2``, instead of the plain weight MSE of the reference encoder. The decoder,
+container and kernels are untouched: only the encoder's free choices (codebook, scales, indices) change.
+Without an imatrix every ``u_j`` is 1, i.e. the same search for the plain weight-space MSE.
+
+Steps, one matrix (n rows, k columns; rows grouped in triples, padding rows zero):
+
+1. **Integer column weights** ``v_j = max(1, rint(u_j * (2^16 / max_j u_j)))`` (float64 arithmetic); all
+   ones when there is no imatrix or it is all zero. Integer weights make every sum below exact, hence
+   independent of summation order and thread count, and identical in C and numpy.
+2. **Importance-weighted codebook fit**: the reference fit (format §1: absmax scales, training points
+   ``rule(|w'|)`` over *all* 3-vectors, k-means++ then Lloyd, stop at <= 1e-3 changed) where the point of
+   triple p, column j counts ``v_j`` times. k-means++ draws from splitmix64 (seeded), Lloyd assigns in
+   fp32 (``t = x - c``, ``d = (t0^2 + t1^2) + t2^2``, ties to the lowest index) and takes exact integer
+   means: the same arithmetic as ``ggml_s3d8_fit_codebook`` in C (which skips provably unchanged points
+   with Hamerly's bounds; that never changes a label).
+3. **Per-triple scale search**: for each clip factor ``c_t = (50 - t) / 50`` (fp32), ``t = 0 ..
+   CLIP_STEPS-1``, the triple's three scales are ``bf16(fp32(absmax_i / 127) * c_t)``; every column takes the
+   centroid with the least squared error *in weight space* ``sum_d (|W_dj| - alpha_d C[l][d])^2`` (fp32,
+   same evaluation order, ties to the lowest index), and the triple's error is
+   ``sum_j v_j * err_j`` accumulated left to right in float64. The smallest error wins (ties: the larger
+   scale, lowest t).
+4. **Refit**: the codebook is fitted again (step 2's procedure, same seed) on ``|W| / alpha`` with the
+   scales chosen in step 3, and step 3 runs once more with the new codebook.
+5. **Encode**: the chosen scales, the codebook, each column's index from step 3's weight-space rule and the
+   signs ``W < 0`` (rows whose scale is 0 store zeros with positive signs, as in the reference encoder).
+
+``llama-quantize --imatrix`` (``quantize_s3d8`` in ggml, patch 0001) runs the same algorithm; the two give
+byte-identical containers (tests/python/test_codec_importance.py compares them on real tensors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+
+from .assignment import nearest_centroid
+from .bf16 import bf16_bits_to_fp32, fp32_to_bf16_bits
+from .codebook import apply_centroid_rule, check_centroid_rule
+from .constants import (
+    CENTROID_MAX,
+    DEFAULT_CENTROID_RULE,
+    FIT_CHANGE_THRESHOLD,
+    FIT_MAX_ITERATIONS,
+    N_CENTROIDS,
+    SCALE_DIVISOR,
+    VECTOR_DIM,
+)
+from .container import allocate_container
+from .eligibility import n_triples
+from .errors import S3D8InputError
+from .inputs import as_weight_matrix
+from .packing import pack_bytes
+from .quantize import check_eligible
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+U8 = npt.NDArray[np.uint8]
+
+#: Name of the algorithm (recorded by the converter's report and llama-quantize's log).
+ALGORITHM = "iw1"
+#: The largest column weight: importances are scaled so that the largest becomes this integer.
+IMPORTANCE_SCALE = 1 << 16
+#: Clip factors searched per triple: c_t = (50 - t) / 50 for t = 0 .. CLIP_STEPS - 1 (1.00 down to 0.60).
+CLIP_STEPS = 21
+CLIP_DENOMINATOR = 50
+#: Rounds of (scale search, codebook refit) before the final search.
+REFIT_ROUNDS = 1
+
+_GRID = CENTROID_MAX + 1
+_TRIPLES_PER_CHUNK = 64
+# every exact-integer sum below stays under 2^53 when the total weight x 127 does
+_EXACT_LIMIT = float(2**53)
+
+
+def clip_factors(steps: int = CLIP_STEPS) -> F32:
+    """The fp32 clip factors ``(50 - t) / 50`` of the scale search (fp32 division of small integers)."""
+    t = np.arange(steps, dtype=np.float32)
+    return (np.float32(CLIP_DENOMINATOR) - t) / np.float32(CLIP_DENOMINATOR)
+
+
+def column_weights(importance: npt.ArrayLike | None, k: int, *, name: str = "") -> I64:
+    """Integer column weights ``v_j`` (step 1) from an importance vector of length k, or all ones."""
+    if importance is None:
+        return np.ones(k, dtype=np.int64)
+    u = np.asarray(importance, dtype=np.float32).reshape(-1)
+    if u.size != k:
+        raise S3D8InputError(name, f"importance has {u.size} values, the matrix has {k} columns")
+    if not np.isfinite(u).all() or (u < 0).any():
+        raise S3D8InputError(name, "importance values must be finite and non-negative")
+    top = float(u.max()) if u.size else 0.0
+    if not top > 0.0:
+        return np.ones(k, dtype=np.int64)
+    v = np.rint(u.astype(np.float64) * (float(IMPORTANCE_SCALE) / top))
+    return np.maximum(v, 1.0).astype(np.int64)
+
+
+class SplitMix64:
+    """splitmix64 (the generator of ggml's S3D8 fitter): ``next()`` and ``uniform()`` in [0, 1)."""
+
+    _MASK = (1 << 64) - 1
+
+    def __init__(self, seed: int) -> None:
+        self.state = int(seed) & self._MASK
+
+    def next(self) -> int:
+        self.state = (self.state + 0x9E3779B97F4A7C15) & self._MASK
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & self._MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & self._MASK
+        return z ^ (z >> 31)
+
+    def uniform(self) -> float:
+        return float(self.next() >> 11) * (1.0 / 9007199254740992.0)
+
+
+def _padded_triples(w: F32, p0: int, p1: int) -> F32:
+    """Rows of triples p0..p1-1 as (p1-p0, 3, k), padding rows zero."""
+    n, k = w.shape
+    out = np.zeros(((p1 - p0) * VECTOR_DIM, k), dtype=np.float32)
+    r0, r1 = VECTOR_DIM * p0, min(n, VECTOR_DIM * p1)
+    if r1 > r0:
+        out[: r1 - r0] = w[r0:r1]
+    return out.reshape(p1 - p0, VECTOR_DIM, k)
+
+
+def _chunks(n: int) -> Iterator[tuple[int, int]]:
+    total = n_triples(n)
+    for p0 in range(0, total, _TRIPLES_PER_CHUNK):
+        yield p0, min(total, p0 + _TRIPLES_PER_CHUNK)
+
+
+def _normalised_abs(rows: F32, alpha: F32) -> F32:
+    """``|W| / alpha`` in fp32 for (P, 3, k) rows and (P, 3) scales; 0 where alpha is 0."""
+    a = np.abs(rows)
+    out = np.zeros_like(a)
+    al = np.broadcast_to(alpha[:, :, None], a.shape)
+    np.divide(a, al, out=out, where=al != np.float32(0))
+    return out
+
+
+def weighted_histogram(w: F32, alpha: F32, weights: I64, rule: str) -> tuple[F64, I64]:
+    """Unique integer training points (U, 3) and their total weights (step 2's training set)."""
+    k = w.shape[1]
+    hist = np.zeros(_GRID**VECTOR_DIM, dtype=np.float64)
+    wf = weights.astype(np.float64)
+    for p0, p1 in _chunks(w.shape[0]):
+        wn = _normalised_abs(_padded_triples(w, p0, p1), alpha[p0:p1])
+        ints = apply_centroid_rule(wn, rule).astype(np.int64)
+        keys = (ints[:, 0] * _GRID + ints[:, 1]) * _GRID + ints[:, 2]
+        hist += np.bincount(keys.reshape(-1), weights=np.broadcast_to(wf, (p1 - p0, k)).reshape(-1),
+                            minlength=hist.size)
+    keys = np.flatnonzero(hist)
+    points = np.stack([keys // (_GRID * _GRID), (keys // _GRID) % _GRID, keys % _GRID], axis=1)
+    return points.astype(np.float64), hist[keys].astype(np.int64)
+
+
+def _squared_distance(points: F64, c: F64) -> F64:
+    t = points[:, 0] - c[0]
+    d = t * t
+    t = points[:, 1] - c[1]
+    d = d + t * t
+    t = points[:, 2] - c[2]
+    return d + t * t
+
+
+def kmeans_plus_plus_splitmix(points: F64, counts: I64, rng: SplitMix64) -> F64:
+    """k-means++ seeding with splitmix64 draws, in the C fitter's order of operations."""
+    total = int(counts.sum())
+    r = rng.next() % total
+    first = min(int(np.searchsorted(np.cumsum(counts), r, side="right")), len(points) - 1)
+    chosen = [points[first]]
+    d2 = _squared_distance(points, points[first])
+    cf = counts.astype(np.float64)
+    while len(chosen) < N_CENTROIDS:
+        cw = np.cumsum(cf * d2)
+        tot = float(cw[-1])
+        if not tot > 0.0:
+            break
+        x = rng.uniform() * tot
+        pick = min(int(np.searchsorted(cw, x, side="right")), len(points) - 1)
+        chosen.append(points[pick])
+        np.minimum(d2, _squared_distance(points, points[pick]), out=d2)
+    while len(chosen) < N_CENTROIDS:
+        chosen.append(chosen[0])
+    return np.array(chosen, dtype=np.float64)
+
+
+def lloyd_fp32(points: F64, counts: I64, centroids: F64, *, threshold: float = FIT_CHANGE_THRESHOLD,
+               max_iterations: int = FIT_MAX_ITERATIONS) -> F64:
+    """Lloyd iterations with fp32 assignment and exact integer means (the C fitter's arithmetic)."""
+    c = centroids.copy()
+    x = [np.ascontiguousarray(points[:, d], dtype=np.float32) for d in range(VECTOR_DIM)]
+    xi = [points[:, d].astype(np.float64) for d in range(VECTOR_DIM)]
+    total = int(counts.sum())
+    if float(total) * CENTROID_MAX >= _EXACT_LIMIT:
+        raise ValueError("total training weight too large for exact sums")
+    weights = counts.astype(np.float64)
+    labels = nearest_centroid(x[0], x[1], x[2], c.astype(np.float32))
+    for _ in range(max_iterations):
+        size = np.bincount(labels, weights=weights, minlength=N_CENTROIDS)
+        occupied = size > 0
+        for d in range(VECTOR_DIM):
+            s = np.bincount(labels, weights=weights * xi[d], minlength=N_CENTROIDS)
+            c[occupied, d] = s[occupied] / size[occupied]
+        new = nearest_centroid(x[0], x[1], x[2], c.astype(np.float32))
+        changed = int(counts[new != labels].sum())
+        labels = new
+        if changed <= threshold * total:
+            break
+    return c
+
+
+def fit_codebook_weighted(w: F32, alpha: F32, weights: I64, *, rule: str, seed: int) -> U8:
+    """Step 2: the (32, 3) codebook fitted on ``rule(|W| / alpha)``, each point weighted by its column."""
+    points, counts = weighted_histogram(w, alpha, weights, rule)
+    init = kmeans_plus_plus_splitmix(points, counts, SplitMix64(seed))
+    return apply_centroid_rule(lloyd_fp32(points, counts, init), rule).astype(np.uint8)
+
+
+def _assign_weight_space(a: F32, alpha: F32, cb32: F32) -> tuple[U8, F32]:
+    """Nearest centroid in weight space for (P, 3, k) ``|W|`` and (P, 3) scales: indices and errors."""
+    best = np.empty(a.shape[::2], dtype=np.float32)
+    q = np.zeros(best.shape, dtype=np.uint8)
+    d = np.empty_like(best)
+    t = np.empty_like(best)
+    for l in range(N_CENTROIDS):
+        np.subtract(a[:, 0], alpha[:, 0, None] * cb32[l, 0], out=d)
+        np.multiply(d, d, out=d)
+        for dim in (1, 2):
+            np.subtract(a[:, dim], alpha[:, dim, None] * cb32[l, dim], out=t)
+            np.multiply(t, t, out=t)
+            np.add(d, t, out=d)
+        if l == 0:
+            best[...] = d
+        else:
+            better = d < best
+            q[better] = l
+            np.minimum(best, d, out=best)
+    return q, best
+
+
+def _triple_error(err: F32, weights: I64) -> F64:
+    """``sum_j v_j err_j`` per triple, accumulated left to right in float64 (as the C loop does)."""
+    return np.cumsum(err.astype(np.float64) * weights.astype(np.float64), axis=1)[:, -1]
+
+
+def base_scales(w: F32) -> F32:
+    """``fp32(absmax_i / 127)`` per row, as (P, 3) over the padded triples (padding rows 0)."""
+    n = w.shape[0]
+    amax = np.zeros(n_triples(n) * VECTOR_DIM, dtype=np.float32)
+    amax[:n] = np.max(np.abs(w), axis=1) if w.shape[1] else 0
+    return (amax / np.float32(SCALE_DIVISOR)).reshape(-1, VECTOR_DIM)
+
+
+def _bf16(x: F32) -> F32:
+    return bf16_bits_to_fp32(fp32_to_bf16_bits(x))
+
+
+def search_scales(w: F32, base: F32, codebook: U8, weights: I64, steps: int = CLIP_STEPS) -> F32:
+    """Step 3: per triple, the clipped bf16 scales (P, 3) with the least importance-weighted error."""
+    factors = clip_factors(steps)
+    cb32 = codebook.astype(np.float32)
+    out = np.empty_like(base)
+    for p0, p1 in _chunks(w.shape[0]):
+        a = np.abs(_padded_triples(w, p0, p1))
+        best_e = np.full(p1 - p0, np.inf)
+        for c in factors:
+            alpha = _bf16(base[p0:p1] * c)
+            _, err = _assign_weight_space(a, alpha, cb32)
+            e = _triple_error(err, weights)
+            better = e < best_e
+            out[p0:p1][better] = alpha[better]
+            best_e = np.where(better, e, best_e)
+    return out
+
+
+def quantize_s3d8_importance(w: npt.ArrayLike, importance: npt.ArrayLike | None = None, *, name: str = "",
+                             centroid_rule: str = DEFAULT_CENTROID_RULE, seed: int = 0) -> U8:
+    """Encode ``w`` (n, k) with the ``iw1`` algorithm; returns the container (n, 43k/128) uint8.
+
+    ``importance``: the imatrix entry of this matrix (k values, or (E, k) for a 3-D stack (E, n, k));
+    None = uniform. A 3-D stack gives one container per slice.
+    """
+    if np.ndim(w) == 3:
+        stack = np.asarray(w)
+        imp = None if importance is None else np.asarray(importance).reshape(stack.shape[0], -1)
+        return np.stack([quantize_s3d8_importance(ws, None if imp is None else imp[e], name=f"{name}[{e}]",
+                                                  centroid_rule=centroid_rule, seed=seed)
+                         for e, ws in enumerate(stack)])
+    rule = check_centroid_rule(centroid_rule, name=name)
+    arr = as_weight_matrix(w, name=name)
+    n, k = arr.shape
+    check_eligible(n, k, name=name)
+    weights = column_weights(importance, k, name=name)
+    base = base_scales(arr)
+    alpha = _bf16(base)
+    codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed)
+    for _ in range(REFIT_ROUNDS):
+        alpha = search_scales(arr, base, codebook, weights)
+        codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed)
+    alpha = search_scales(arr, base, codebook, weights)
+    scales = fp32_to_bf16_bits(alpha.reshape(-1)[:n])
+    container, body = allocate_container(k, n, codebook, scales, name=name)
+    cb32 = codebook.astype(np.float32)
+    for p0, p1 in _chunks(n):
+        rows = _padded_triples(arr, p0, p1)
+        q, _ = _assign_weight_space(np.abs(rows), alpha[p0:p1], cb32)
+        neg = rows < 0
+        zero = alpha[p0:p1] == 0
+        neg[zero] = False
+        body[p0:p1] = pack_bytes(q, neg[:, 0], neg[:, 1], neg[:, 2])
+    return container
