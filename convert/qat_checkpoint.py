@@ -71,7 +71,8 @@ def apply_qat_checkpoint(source: ModelSource, path: Path, options: ConversionOpt
     missing = set(specs) - {j.name for j in jobs}
     if missing:
         raise ConvertError(f"{path}: trained weights {sorted(missing)} have no place in the model")
-    return _Replaced(source, jobs), replace(options, s3d8=replace(options.s3d8, codebooks=codebooks))
+    # the checkpoint fixes every S3D8 tensor it trained; any other keeps the reference encoder, as before
+    return _Replaced(source, jobs), replace(options, s3d8=replace(options.s3d8, codebooks=codebooks, encoder="reference"))
 
 
 class _Replaced:

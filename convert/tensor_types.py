@@ -19,6 +19,7 @@ ggml's reference code), S3D8 through the project's codec ``gguf_s3d8`` (imported
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Final, Mapping, Sequence
@@ -132,14 +133,24 @@ def encoded_dtype(qtype: QT) -> np.dtype:
     return {QT.F32: np.dtype(np.float32), QT.F16: np.dtype(np.float16)}.get(qtype, np.dtype(np.uint8))
 
 
+#: S3D8 encoders a user can choose with ``--encoder``.
+S3D8_ENCODERS: Final[tuple[str, ...]] = ("iw1", "reference")
+
+
 @dataclass(frozen=True)
 class S3D8Options:
-    """Codec options for ``--type s3d8`` (None = the codec's default); ``codebooks``: frozen per-tensor codebooks
-    (GGUF name -> (32, 3) uint8, from a QAT checkpoint) used instead of fitting."""
+    """Codec options for ``--type s3d8`` (None = the codec's default).
+
+    ``encoder``: ``iw1`` (gguf_s3d8.importance, what llama-quantize runs; uses ``imatrix`` when given, uniform
+    importance otherwise) or ``reference`` (format §1's reference encoder: absmax scales, plain MSE fit).
+    ``codebooks``: frozen per-tensor codebooks (GGUF name -> (32, 3) uint8, from a QAT checkpoint) used instead
+    of fitting, with the reference encoder's absmax scales (what QAT's fake quantiser computes)."""
 
     centroid_rule: str | None = None
     seed: int = 0
     codebooks: Mapping[str, np.ndarray] | None = None
+    encoder: str = "iw1"
+    imatrix: object | None = None   # gguf_s3d8.imatrix.Imatrix (typed loosely: the codec is imported lazily)
 
 
 def encode(data: np.ndarray, qtype: QT, *, name: str = "", s3d8: S3D8Options = S3D8Options()) -> np.ndarray:
@@ -150,19 +161,38 @@ def encode(data: np.ndarray, qtype: QT, *, name: str = "", s3d8: S3D8Options = S
         return gguf.quants.quantize(np.ascontiguousarray(data, dtype=np.float32), qtype)
     if hasattr(QT, "S3D8") and qtype == QT.S3D8:
         codec = s3d8_codec()
-        kwargs: dict[str, object] = {"name": name, "seed": s3d8.seed}
-        if s3d8.centroid_rule is not None:
-            kwargs["centroid_rule"] = s3d8.centroid_rule
-        quantise: Callable[..., np.ndarray] = codec.quantize_s3d8
+        from gguf_s3d8.imatrix import ImatrixError
+
         w = np.ascontiguousarray(data, dtype=np.float32)
-        if s3d8.codebooks is not None and name in s3d8.codebooks:
-            cb = s3d8.codebooks[name]
-            quantise, kwargs = (lambda a, name: codec.quantize_s3d8_with_codebook(a, cb, name=name)), {"name": name}
         try:
-            if w.ndim == 2:
-                return quantise(w, **kwargs)
-            # 3-D expert stacks: one self-describing container (and codebook) per 2-D slice
-            return np.stack([quantise(w[e], **{**kwargs, "name": f"{name}[{e}]"}) for e in range(w.shape[0])])
-        except getattr(codec, "S3D8Error", codec.S3D8FormatError) as e:
+            return _encode_s3d8(w, name, s3d8, codec)
+        except ImatrixError as e:
+            raise ConvertError(str(e)) from e
+        except codec.S3D8Error as e:
             raise ConvertError(f"tensor {name}: S3D8 encoding failed: {e}") from e
     raise ConvertError(f"tensor {name}: no encoder for ggml type {qtype.name}")
+
+
+def _encode_s3d8(w: np.ndarray, name: str, s3d8: S3D8Options, codec: ModuleType) -> np.ndarray:
+    """One S3D8 tensor (2-D, or a 3-D stack of expert slices: one container and codebook per slice)."""
+    rule = {"centroid_rule": s3d8.centroid_rule} if s3d8.centroid_rule is not None else {}
+    n_slices = w.shape[0] if w.ndim == 3 else 1
+    slices = list(w) if w.ndim == 3 else [w]
+    label = (lambda e: f"{name}[{e}]") if w.ndim == 3 else (lambda e: name)
+    if s3d8.codebooks is not None and name in s3d8.codebooks:
+        cb = s3d8.codebooks[name]
+        out = [codec.quantize_s3d8_with_codebook(a, cb, name=label(e)) for e, a in enumerate(slices)]
+    elif s3d8.encoder == "reference":
+        out = [codec.quantize_s3d8(a, name=label(e), seed=s3d8.seed, **rule) for e, a in enumerate(slices)]
+    elif s3d8.encoder == "iw1":
+        from gguf_s3d8.importance import quantize_s3d8_importance
+
+        imp = None if s3d8.imatrix is None else s3d8.imatrix.for_tensor(name, w.shape[-1], n_slices)  # type: ignore[attr-defined]
+        if s3d8.imatrix is not None and imp is None:
+            print(f"warning: the imatrix has no entry for {name}: S3D8 with uniform importance (as llama-quantize)",
+                  file=sys.stderr)
+        out = [quantize_s3d8_importance(a, None if imp is None else imp[e], name=label(e), seed=s3d8.seed, **rule)
+               for e, a in enumerate(slices)]
+    else:
+        raise ConvertError(f"unknown S3D8 encoder {s3d8.encoder!r} (known: {', '.join(S3D8_ENCODERS)})")
+    return np.stack(out) if w.ndim == 3 else out[0]

