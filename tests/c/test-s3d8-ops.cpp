@@ -209,9 +209,10 @@ static double rel_rms_error(const std::vector<uint8_t> & q, const std::vector<fl
     return std::sqrt(err2 / sig2);
 }
 
-// ggml_quantize_chunk without an imatrix runs the iw1 encoder with uniform importance: every triple's
-// scales are its absmax scales clipped by one factor (50 - t)/50, t in 0..20, every index is the best
-// codebook entry in weight space, and the result is no worse than the reference encoder (absmax scales)
+// ggml_quantize_chunk without an imatrix runs the iw1 encoder without importance: the absmax scales (the
+// clip search runs only with an imatrix; the check below accepts any clip (50 - t)/50, t in 0..20, and
+// requires t = 0), every index is the best codebook entry in weight space, and the result is no worse
+// than the reference encoder (same scales, fit on all vectors, nearest entry in normalised space)
 static void test_quantizer(std::mt19937 & rng) {
     const int64_t k = 2048, n = 448;
     printf("quantizer k=%lld n=%lld\n", (long long) k, (long long) n);
@@ -245,6 +246,7 @@ static void test_quantizer(std::mt19937 & rng) {
     }
     S3D8T_CHECK(bad_scales == 0, "%lld triples have scales that are not one clip of their absmax scales", (long long) bad_scales);
     printf("  %lld of %lld triples clipped\n", (long long) clipped, (long long) ((n + 2) / 3));
+    S3D8T_CHECK(clipped == 0, "%lld triples clipped without an imatrix", (long long) clipped);
 
     // the stored index is the best codebook entry in weight space (ties to the lowest index)
     const uint8_t * body = q1.data() + body_offset(n);
@@ -286,8 +288,8 @@ static void test_quantizer(std::mt19937 & rng) {
     const double rel = rel_rms_error(q1, w, n, k);
     const double rel_ref = rel_rms_error(ref, w, n, k);
     printf("  relative RMS quantization error %.4f (reference encoder %.4f)\n", rel, rel_ref);
-    // Gaussian weights: the reference encoder gets 0.24 (numpy codec too); the search can only lower it
-    // on this data (c = 1 is one of its candidates), measured 0.22
+    // Gaussian weights: the reference encoder gets 0.25 (numpy codec 0.24), iw1 without imatrix 0.23 (the
+    // weight-space assignment and the fit on all vectors)
     S3D8T_CHECK(rel < 0.3, "relative RMS quantization error %.4f too large", rel);
     S3D8T_CHECK(rel <= rel_ref, "iw1 (%.4f) is worse than the reference encoder (%.4f)", rel, rel_ref);
 }
