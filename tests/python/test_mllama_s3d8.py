@@ -13,7 +13,10 @@ rounding - bit-exact in most layers; a layer may still see a bf16 scale flip of 
 weight, permutation, mask or gate gives errors of order 1) - and so must each text layer (self- and
 cross-attention, fed the same cross-attention states) - and the S3D8 matmuls themselves are bit-exact
 (checked against the codec's integer reference while writing this test); end to end, the results must agree
-within the activation-quantisation noise and give the same first greedy token.
+within the activation-quantisation noise and give the same greedy token at every prompt position where that is not
+a near tie within the noise (tests.mllama.margins: margin above 2 * E2E_TOL * max|logits|). The first generated
+token alone used to be compared: its margins, 0.04 of max|logits| (image) and 0.04 (text only), lie inside the
+noise bound of 0.12, so another CPU's rounding could flip it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 import pytest
 
 from tests.mllama import harness, reference as R, s3d8_reference, tiny_model as T
+from tests.mllama.margins import assert_same_argmax
 
 LAYER_TOL = 5e-3     # one layer, same input: float rounding, plus the odd bf16 scale flip
 E2E_TOL = 6e-2       # whole model: activation-quantisation noise (see the module docstring)
@@ -172,7 +176,8 @@ def test_s3d8_end_to_end(hf_s3d8, gguf_s3d8, tmp_path):
     e_logits = R.rel_err(out.prompt_logits[:, :n_vocab], ref.prompt_logits)
     assert e_cross <= E2E_TOL, f"cross-attention states rel err {e_cross:.3g}"
     assert e_logits <= E2E_TOL, f"prompt logits rel err {e_logits:.3g}"
-    assert out.tokens[0] == ref.tokens[0]
+    # measured: 6 of the 15 positions decisive (margins 0.13-0.31 of max|logits|)
+    assert_same_argmax(out.prompt_logits[:, :n_vocab], ref.prompt_logits, E2E_TOL, min_rows=3, what="image prompt")
 
 
 def test_s3d8_text_only(hf_s3d8, gguf_s3d8, tmp_path):
@@ -183,4 +188,5 @@ def test_s3d8_text_only(hf_s3d8, gguf_s3d8, tmp_path):
     out = harness.run_dump(text, ids, tmp_path)
     n_vocab = ref.prompt_logits.shape[1]
     assert R.rel_err(out.prompt_logits[:, :n_vocab], ref.prompt_logits) <= E2E_TOL
-    assert out.tokens[0] == ref.tokens[0]
+    # measured: 2 of the 9 positions decisive (margins 0.15 and 0.31 of max|logits|)
+    assert_same_argmax(out.prompt_logits[:, :n_vocab], ref.prompt_logits, E2E_TOL, min_rows=2, what="text prompt")

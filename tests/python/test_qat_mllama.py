@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.mllama import harness, tiny_model as T
+from tests.mllama.margins import assert_same_argmax
 
 N_SAMPLES, STEPS = 4, 3
 
@@ -109,7 +110,13 @@ LOGITS_TOL = 6e-2
 def test_llama_cpp_logits_match_student(pipeline, tmp_path) -> None:
     """llama.cpp on the exported files computes the student's function: its logits for an image prompt are within
     the activation-quantisation noise of the student's, and far closer to them than to the (unquantised)
-    teacher's."""
+    teacher's; it picks the student's token at every position where that is not a near tie within the noise.
+
+    The token check is margins.assert_same_argmax: only positions whose student margin (best minus second-best
+    logit) exceeds 2 * LOGITS_TOL * max|logit| are compared (there llama.cpp's token is implied by the error bound
+    above), and at least two must exist (measured three: the BOS and the first and fourth text tokens after the
+    image, margins 0.14, 0.15 and 0.23 of max|logit| against the bound 0.12). The last position alone used to be
+    compared, whatever its margin: 0.002 of max|logit|, a tie that another CPU's rounding decided the other way."""
     from PIL import Image
 
     from qat.mllama_hf import cross_attention_mask, image_batch, meta_taps
@@ -131,7 +138,7 @@ def test_llama_cpp_logits_match_student(pipeline, tmp_path) -> None:
     err = {who: float(np.abs(got - want).max() / np.abs(want).max()) for who, want in logits.items()}
     assert err["student"] <= LOGITS_TOL, err
     assert err["student"] * 4 < err["teacher"], err
-    assert got[-1].argmax() == logits["student"][-1].argmax()
+    assert_same_argmax(got, logits["student"], LOGITS_TOL, min_rows=2, what="llama.cpp vs student")
 
 
 def test_llama_mtmd_cli_answers_about_a_photo(pipeline) -> None:
