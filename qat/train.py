@@ -39,8 +39,9 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import numpy as np
 import torch
@@ -345,14 +346,63 @@ def default_lr(bits: float) -> float:
     return 2.0 ** -(bits + 14)
 
 
+#: Timeout of every collective (and of the rendezvous). Ranks legitimately wait on each other for long: rank 0
+#: gathers and writes the checkpoint (an 11B student with its optimiser state is ~130 GB) while the others wait in
+#: the next collective, and on a loaded machine one rank can be descheduled for minutes. NCCL's default (10 min)
+#: is too short for that; a real hang still ends (and under torchrun a crashed rank stops the others at once).
+DIST_TIMEOUT = timedelta(hours=2)
+
+#: Whether this process created the default process group (and so must tear it down, see :func:`_leave_dist`).
+_created_process_group = False
+#: Whether this process ran as one rank of several (then ``python -m qat.train`` ends with :func:`_end_rank`).
+_ran_as_rank = False
+
+
 def _dist() -> tuple[int, int]:
+    global _created_process_group, _ran_as_rank
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not torch.distributed.is_initialized():
         if torch.cuda.is_available():  # before any CUDA use: NCCL and FSDP2 work on the current device
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=DIST_TIMEOUT)
+        _created_process_group = _ran_as_rank = True
     rank = torch.distributed.get_rank() if world > 1 else 0
     return rank, world
+
+
+def _leave_dist(ok: bool) -> None:
+    """Tear down the process group this process created: after a successful run, a barrier (no rank leaves while
+    another still has a collective to do), then ``destroy_process_group`` (the documented teardown; for NCCL it
+    frees the communicators). After an error nothing: another rank may be stuck in a collective this one will never
+    join, and a teardown (an NCCL abort in particular) could then block; the exit status reports the failure.
+
+    This does not stop gloo's threads: DDP and FSDP2 keep references to the group (its two ``pt_gloo_runloop``
+    workers and the ``gloo_tcp_loop`` thread are still alive after ``destroy_process_group`` and ``gc.collect``),
+    so the rank must not finalise its interpreter with them (:func:`_end_rank`)."""
+    global _created_process_group
+    if not _created_process_group or not torch.distributed.is_initialized():
+        return
+    _created_process_group = False
+    if ok:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def _end_rank(status: int) -> NoReturn:
+    """End a rank's process without interpreter finalisation (stdout and stderr flushed; every file qat.train
+    writes is closed, the checkpoint fsynced).
+
+    Why: a gloo worker that has completed a collective still holds the work object until it re-takes its lock;
+    the main thread, woken by the completion, can meanwhile reach ``Py_FinalizeEx``. When the worker then drops the
+    work, freeing a tensor whose PyObject C++ keeps alive takes the GIL; CPython ends a thread that asks for the GIL
+    during finalisation with ``pthread_exit``, whose forced unwind through the (noexcept) destructor calls
+    ``std::terminate``: "terminate called without an active exception", SIGABRT of that rank, and torchrun kills
+    the others (gdb: ~AsyncAllreduceWork -> TensorImpl::decref_pyobject -> gil_scoped_acquire -> take_gil ->
+    PyThread_exit_thread -> __gxx_personality_v0 -> std::terminate). The window is the worker's delay in
+    dropping the work, so it opens on loaded machines. Without finalisation no thread can ask for the GIL."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def fully_shard_student(net: nn.Module, student: nn.Module, device: torch.device, world: int) -> None:
@@ -517,8 +567,6 @@ def train(args: argparse.Namespace) -> list[float]:
     if rank == 0:
         _write_json(out_dir / "losses.json", {"steps_done": step, "steps": args.steps, "lr": lr,
                                               "seconds_this_run": time.time() - t0, "losses": losses})
-    if world > 1:
-        torch.distributed.barrier()
     return losses
 
 
@@ -629,8 +677,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, name) < 1:
             print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
+    ok = False
     try:
         train(args)
+        ok = True
         return 0
     except (TrainError, OSError, ValueError) as e:
         if args.debug:
@@ -642,7 +692,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the last checkpoint is intact; rerun the same command to resume", file=sys.stderr)
         return 130
+    finally:
+        _leave_dist(ok)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_status = main()
+    if _ran_as_rank:
+        _end_rank(exit_status)
+    raise SystemExit(exit_status)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -65,13 +67,55 @@ def _assert_matches(path: Path, ref: Path) -> None:
         assert float((b["model"][k] - v).abs().max()) <= 1e-6 * float(v.abs().max()), k
 
 
-def _torchrun(setup: tuple[Path, Path], out: Path, *extra: str) -> Path:
-    """qat.train on 2 gloo ranks (CPU); returns the checkpoint path."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+#: Wall-clock limit of one torchrun. A run takes ~15 s here on an idle machine and 30-60 s with both cores busy
+#: with other work; 900 s leaves room for a machine 15x slower than that. A hang (a rank stuck in a collective)
+#: ends here instead of at qat.train's 2-hour collective timeout.
+TORCHRUN_TIMEOUT_S = 900
+
+#: Variables of an enclosing distributed job that would leak into the ranks' rendezvous.
+_DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
+             "MASTER_PORT")
+
+
+def _rank_logs(log_dir: Path, torchrun_stderr: str) -> str:
+    """Every rank's stderr (tail) and torchrun's own, for a failure message."""
+    parts = []
+    for f in sorted(log_dir.rglob("stderr.log")):
+        parts.append(f"--- rank {f.parent.name} stderr ({f}):\n{f.read_text(errors='replace')[-4000:]}")
+    if not parts:
+        parts.append(f"--- no rank log under {log_dir}")
+    parts.append(f"--- torchrun stderr:\n{torchrun_stderr[-3000:]}")
+    return "\n".join(parts)
+
+
+def _torchrun(setup: tuple[Path, Path], out: Path, *extra: str, script: Path | None = None) -> Path:
+    """qat.train (or ``script``, given qat.train's arguments) on 2 gloo ranks (CPU); returns the checkpoint path.
+
+    --standalone: the rendezvous store listens on a port the OS picks when it binds (no fixed MASTER_PORT that two
+    runs at the same time could collide on); on Linux gloo uses the loopback interface. Each rank writes its output
+    to its own file (--log-dir, --redirects 3), and a failure or timeout reports both ranks' stderr."""
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV and not k.startswith("TORCHELASTIC_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    if Path("/sys/class/net/lo").exists():
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the hostname may resolve to an address gloo cannot use
+    logs = Path(tempfile.mkdtemp(prefix=f"torchrun-{out.name}-", dir=out.parent))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "qat.train", *_args(setup, out, *extra)]
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
+           "--log-dir", str(logs), "--redirects", "3", *([str(script)] if script else ["-m", "qat.train"]),
+           *_args(setup, out, *extra)]
+    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        _, err = p.communicate(timeout=TORCHRUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        p.terminate()  # torchrun stops its ranks on SIGTERM
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            _, err = p.communicate()
+        pytest.fail(f"torchrun {' '.join(extra)} did not finish within {TORCHRUN_TIMEOUT_S} s\n"
+                    + _rank_logs(logs, err), pytrace=False)
+    assert p.returncode == 0, f"torchrun {' '.join(extra)}: exit status {p.returncode}\n" + _rank_logs(logs, err)
     return out / "checkpoint.pt"
 
 
@@ -114,6 +158,40 @@ def test_torchrun_two_ranks_match_single_process(setup, straight, tmp_path) -> N
     losses, 1e-6 of the weights' range) only allows for a different summation order inside gloo.
     """
     _assert_matches(_torchrun(setup, tmp_path), straight)
+
+
+#: Runs ``python -m qat.train`` (argv: qat.train's options) with an atexit hook that records, if the interpreter
+#: finalises, which threads are alive then.
+_FINALISATION_PROBE = """
+import atexit, json, os, runpy, sys
+from pathlib import Path
+
+def record():
+    task = Path("/proc/self/task")
+    threads = sorted((t / "comm").read_text().strip() for t in task.iterdir()) if task.is_dir() else ["?"]
+    out = Path(sys.argv[sys.argv.index("--out") + 1])
+    (out / f"finalised-rank{os.environ['RANK']}.json").write_text(json.dumps(threads))
+
+atexit.register(record)
+sys.argv[0] = "qat.train"
+runpy.run_module("qat.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_torchrun_ranks_end_without_finalising_the_interpreter(setup, tmp_path) -> None:
+    """A rank ends (once its collectives are done and its files written) without interpreter finalisation: DDP and
+    FSDP2 keep the gloo group, and with it gloo's worker threads, alive past destroy_process_group, and a worker
+    that takes the GIL during finalisation (it drops its last work a moment after waking the main thread, which a
+    loaded machine stretches) is ended by CPython with pthread_exit -> std::terminate: "terminate called without an
+    active exception", SIGABRT (qat.train._end_rank). Before the fix every rank finalised with both
+    pt_gloo_runloop workers alive, which this test records."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(_FINALISATION_PROBE)
+    run = tmp_path / "run"
+    ck = _torchrun(setup, run, "--stop-after", "1", script=probe)
+    assert load_checkpoint(ck)["step"] == 1 and (run / "losses.json").is_file()
+    finalised = {f.name: f.read_text() for f in sorted(run.glob("finalised-rank*.json"))}
+    assert not finalised, f"ranks finalised their interpreter, with these threads alive: {finalised}"
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +309,13 @@ LOGITS_TOL = 2e-2
 
 
 def test_llama_cpp_logits_match_student(setup, straight, exported, tmp_path) -> None:
+    """llama.cpp's logits for the exported student are the student's within LOGITS_TOL, and its greedy token is the
+    student's wherever that is not a near tie within the tolerance (margins.assert_same_argmax: margin above
+    2 * LOGITS_TOL * max|logit|; measured 5 of the 12 positions, margins 0.06-0.24 of max|logit| against 0.04; at
+    least 3 required). The share of equal argmaxes over all positions used to be checked instead, which the
+    positions with margins of 0.005 and 0.012 of max|logit| (inside the tolerance) make depend on rounding."""
     from tests.mllama import harness
+    from tests.mllama.margins import assert_same_argmax
 
     student = student_from_checkpoint(straight, setup[0]).eval()
     ids = [tiny_id for tiny_id in (504, 506, 40, 41, 42, 43, 44, 100, 200, 300, 45, 46)]
@@ -241,5 +325,5 @@ def test_llama_cpp_logits_match_student(setup, straight, exported, tmp_path) -> 
     got = out.prompt_logits[:, : want.shape[1]]
     err = float(np.abs(got - want).max() / np.abs(want).max())
     assert err <= LOGITS_TOL, f"rel err {err:.3g}"
-    assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
+    assert_same_argmax(got, want, LOGITS_TOL, min_rows=3, what="llama.cpp vs student")
     (tmp_path / "err.json").write_text(json.dumps({"rel_err": err}))
