@@ -50,8 +50,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .assignment import nearest_centroid
-from .bf16 import bf16_bits_to_fp32, fp32_to_bf16_bits
-from .codebook import apply_centroid_rule, check_centroid_rule
+from .bf16 import bf16_round, fp32_to_bf16_bits
+from .codebook import _squared_distance, apply_centroid_rule, check_centroid_rule
 from .constants import (
     CENTROID_MAX,
     DEFAULT_CENTROID_RULE,
@@ -67,6 +67,7 @@ from .errors import S3D8InputError
 from .inputs import as_weight_matrix
 from .packing import pack_bytes
 from .quantize import check_eligible
+from .scales import normalise
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -148,22 +149,13 @@ def _chunks(n: int) -> Iterator[tuple[int, int]]:
         yield p0, min(total, p0 + _TRIPLES_PER_CHUNK)
 
 
-def _normalised_abs(rows: F32, alpha: F32) -> F32:
-    """``|W| / alpha`` in fp32 for (P, 3, k) rows and (P, 3) scales; 0 where alpha is 0."""
-    a = np.abs(rows)
-    out = np.zeros_like(a)
-    al = np.broadcast_to(alpha[:, :, None], a.shape)
-    np.divide(a, al, out=out, where=al != np.float32(0))
-    return out
-
-
 def weighted_histogram(w: F32, alpha: F32, weights: I64, rule: str) -> tuple[F64, I64]:
     """Unique integer training points (U, 3) and their total weights (step 2's training set)."""
     k = w.shape[1]
     hist = np.zeros(_GRID**VECTOR_DIM, dtype=np.float64)
     wf = weights.astype(np.float64)
     for p0, p1 in _chunks(w.shape[0]):
-        wn = _normalised_abs(_padded_triples(w, p0, p1), alpha[p0:p1])
+        wn = normalise(np.abs(_padded_triples(w, p0, p1)), alpha[p0:p1, :, None])
         ints = apply_centroid_rule(wn, rule).astype(np.int64)
         keys = (ints[:, 0] * _GRID + ints[:, 1]) * _GRID + ints[:, 2]
         hist += np.bincount(keys.reshape(-1), weights=np.broadcast_to(wf, (p1 - p0, k)).reshape(-1),
@@ -171,15 +163,6 @@ def weighted_histogram(w: F32, alpha: F32, weights: I64, rule: str) -> tuple[F64
     keys = np.flatnonzero(hist)
     points = np.stack([keys // (_GRID * _GRID), (keys // _GRID) % _GRID, keys % _GRID], axis=1)
     return points.astype(np.float64), hist[keys].astype(np.int64)
-
-
-def _squared_distance(points: F64, c: F64) -> F64:
-    t = points[:, 0] - c[0]
-    d = t * t
-    t = points[:, 1] - c[1]
-    d = d + t * t
-    t = points[:, 2] - c[2]
-    return d + t * t
 
 
 def kmeans_plus_plus_splitmix(points: F64, counts: I64, rng: SplitMix64) -> F64:
@@ -271,10 +254,6 @@ def base_scales(w: F32) -> F32:
     return (amax / np.float32(SCALE_DIVISOR)).reshape(-1, VECTOR_DIM)
 
 
-def _bf16(x: F32) -> F32:
-    return bf16_bits_to_fp32(fp32_to_bf16_bits(x))
-
-
 def search_scales(w: F32, base: F32, codebook: U8, weights: I64, steps: int = CLIP_STEPS) -> F32:
     """Step 3: per triple, the clipped bf16 scales (P, 3) with the least importance-weighted error."""
     factors = clip_factors(steps)
@@ -284,7 +263,7 @@ def search_scales(w: F32, base: F32, codebook: U8, weights: I64, steps: int = CL
         a = np.abs(_padded_triples(w, p0, p1))
         best_e = np.full(p1 - p0, np.inf)
         for c in factors:
-            alpha = _bf16(base[p0:p1] * c)
+            alpha = bf16_round(base[p0:p1] * c)
             _, err = _assign_weight_space(a, alpha, cb32)
             e = _triple_error(err, weights)
             better = e < best_e
@@ -293,17 +272,13 @@ def search_scales(w: F32, base: F32, codebook: U8, weights: I64, steps: int = CL
     return out
 
 
-def _rounded_codebook(c: F64) -> U8:
-    return np.clip(np.rint(c), 0, CENTROID_MAX).astype(np.uint8)
-
-
 def refine_codebook_weight_space(w: F32, alpha: F32, codebook: U8, weights: I64,
                                  iterations: int = WEIGHT_SPACE_ITERATIONS) -> U8:
     """Step 5: Lloyd iterations on the importance-weighted error in weight space, scales fixed."""
     c = codebook.astype(np.float64)
     wf = weights.astype(np.float64)
     for _ in range(iterations):
-        cb32 = _rounded_codebook(c).astype(np.float32)
+        cb32 = apply_centroid_rule(c, "round").astype(np.uint8).astype(np.float32)
         num = np.zeros((N_CENTROIDS, VECTOR_DIM))
         den = np.zeros((N_CENTROIDS, VECTOR_DIM))
         for p0, p1 in _chunks(w.shape[0]):
@@ -319,7 +294,7 @@ def refine_codebook_weight_space(w: F32, alpha: F32, codebook: U8, weights: I64,
                                          minlength=N_CENTROIDS)
         ok = den > 0
         c[ok] = num[ok] / den[ok]
-    return _rounded_codebook(c)
+    return apply_centroid_rule(c, "round").astype(np.uint8)
 
 
 def quantize_s3d8_importance(w: npt.ArrayLike, importance: npt.ArrayLike | None = None, *, name: str = "",
@@ -342,7 +317,7 @@ def quantize_s3d8_importance(w: npt.ArrayLike, importance: npt.ArrayLike | None 
     weights = column_weights(importance, k, name=name)
     weighted = importance is not None and bool(np.asarray(importance, dtype=np.float32).max() > 0)
     base = base_scales(arr)
-    alpha = _bf16(base)
+    alpha = bf16_round(base)
     codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed)
     if weighted:
         for _ in range(REFIT_ROUNDS):
