@@ -10,7 +10,10 @@ a loader; nothing is read yet) and writes its own metadata. :func:`write_gguf` t
    about one tensor even for an 11B model;
 3. writes into a temporary file next to the output and ``os.replace`` s it into place only after the
    last byte is written and synced. Any failure - a NaN weight, a codec error, Ctrl-C, SIGTERM - removes
-   the temporary file, so a failed run leaves nothing behind and never clobbers an existing output.
+   the temporary file, so a failed run leaves nothing behind and never clobbers an existing output; a
+   failed write (disk full, file size limit) is a one-line ConvertError naming the output and the OS's reason.
+   Only a process killed outright (SIGKILL, power loss) leaves its temporary file, ``.<OUTFILE name>.<random>
+   .partial``, which is never the output (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import math
 import os
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -29,6 +33,7 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 
 from .errors import ConvertError
+from .fsio import default_file_mode, fsync_dir, write_error_reason
 from .tensor_types import (S3D8Options, TypeChoice, byte_shape, choose_type, encode, encoded_dtype,
                            encoded_nbytes, is_quantisable_weight)
 
@@ -167,6 +172,19 @@ def _progress(total: int, enabled: bool):  # -> tqdm-like
                 dynamic_ncols=True, leave=False)
 
 
+@contextmanager
+def _writing(outfile: Path, writer: gguf.GGUFWriter) -> Iterator[None]:
+    """Turn a failed write of the temporary output (disk full, file size limit, I/O error) into a one-line
+    ConvertError naming ``outfile`` and the OS's reason; the caller removes the temporary file."""
+    try:
+        yield
+    except OSError as e:
+        fd = writer.fout[0].fileno() if writer.fout else None
+        why = write_error_reason(e, fd)
+        raise ConvertError(f"{outfile}: cannot write the output: {why} (nothing written; an existing file of that "
+                           "name is unchanged)") from e
+
+
 def write_gguf(source: ModelSource, outfile: Path, options: ConversionOptions, *,
                progress: bool = True, dry_run: bool = False,
                before_tensor: Callable[[int, TensorJob], None] | None = None) -> ConversionReport:
@@ -199,14 +217,19 @@ def write_gguf(source: ModelSource, outfile: Path, options: ConversionOptions, *
     out_dir = outfile.parent if str(outfile.parent) else Path(".")
     if not out_dir.is_dir():
         raise ConvertError(f"output directory {out_dir} does not exist")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{outfile.name}.", suffix=".partial", dir=out_dir)
-    os.close(fd)
+    with _writing(outfile, writer):
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{outfile.name}.", suffix=".partial", dir=out_dir)
+    try:
+        os.fchmod(fd, default_file_mode())  # the output gets the mode a plain open() would give, not mkstemp's 0600
+    finally:
+        os.close(fd)
     tmp = Path(tmp_name)
     bar = None
     try:
-        writer.write_header_to_file(path=tmp)
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
+        with _writing(outfile, writer):
+            writer.write_header_to_file(path=tmp)
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
         bar = _progress(len(jobs), progress)
         for i, (job, ch) in enumerate(zip(jobs, choices)):
             if before_tensor is not None:
@@ -219,21 +242,27 @@ def write_gguf(source: ModelSource, outfile: Path, options: ConversionOptions, *
             enc = encode(data, ch.qtype, name=job.name, s3d8=options.s3d8)
             if enc.nbytes != report.rows[i].nbytes:
                 raise RuntimeError(f"tensor {job.name}: encoder produced {enc.nbytes} bytes, planned {report.rows[i].nbytes}")
-            writer.write_tensor_data(enc)
+            with _writing(outfile, writer):
+                writer.write_tensor_data(enc)
             del data, enc
             bar.update(1)
         bar.close()
         bar = None
         assert writer.fout is not None
-        writer.flush()
-        for f in writer.fout:
-            os.fsync(f.fileno())
-        writer.close()
-        os.replace(tmp, outfile)
+        with _writing(outfile, writer):
+            writer.flush()
+            for f in writer.fout:
+                os.fsync(f.fileno())
+            writer.close()
+            os.replace(tmp, outfile)
+        fsync_dir(out_dir)
     except BaseException:
         if bar is not None:
             bar.close()
-        writer.close()
+        try:
+            writer.close()  # flushing what is buffered can fail again (disk full): the file is closed regardless
+        except OSError:
+            writer.fout = None
         tmp.unlink(missing_ok=True)
         raise
     report.file_bytes = outfile.stat().st_size

@@ -261,17 +261,67 @@ def freeze_all_but_s3d8(student: nn.Module) -> int:
 # checkpoints
 
 
+def _checkpoint_tmp(path: Path, pid: int) -> Path:
+    return path.with_name(f".{path.name}.{pid}.tmp")
+
+
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """torch.save into a temporary file next to ``path``, fsync, then rename: never a half-written file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """torch.save into a temporary file next to ``path``, fsync, rename, fsync the folder: never a half-written
+    file. A failed write (disk full, file size limit) raises TrainError naming ``path`` and the OS's reason; the
+    previous checkpoint is untouched and the temporary file removed. Only a process killed outright leaves its
+    temporary file ``.<name>.<pid>.tmp``, which the next run removes (:func:`remove_stale_checkpoint_tmps`)."""
+    from convert.fsio import fsync_dir, write_error_reason
+
+    tmp = _checkpoint_tmp(path, os.getpid())
     try:
-        with open(tmp, "wb") as f:
+        f = open(tmp, "wb")
+        try:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
+            why = write_error_reason(e, f.fileno())
+            try:
+                f.close()  # flushing the rest fails again on a full disk; the file is closed regardless
+            except OSError:
+                pass
+            if why is None:
+                raise
+            raise TrainError(f"{path}: cannot write the checkpoint: {why} (the previous {path.name}, if any, "
+                             "is unchanged)") from e
+        f.close()
         os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as e:  # open or rename
+        raise TrainError(f"{path}: cannot write the checkpoint: {e.strerror or e}") from e
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def remove_stale_checkpoint_tmps(path: Path) -> list[Path]:
+    """Remove the temporary files ``.<name>.<pid>.tmp`` next to ``path`` that processes killed while saving
+    (SIGKILL, OOM killer, power loss) left behind, those whose process no longer runs; returns them."""
+    removed = []
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2: -len(".tmp")]
+        if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(tmp)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -437,6 +487,9 @@ def train(args: argparse.Namespace) -> list[float]:
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
     ck_path = out_dir / CHECKPOINT_NAME
+    if rank == 0:
+        for tmp in remove_stale_checkpoint_tmps(ck_path):
+            print(f"removed {tmp}, the temporary file of a run killed while saving", file=sys.stderr)
 
     from transformers import AutoProcessor, AutoTokenizer, get_scheduler
 
@@ -572,8 +625,13 @@ def train(args: argparse.Namespace) -> list[float]:
 
 def _write_json(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise TrainError(f"{path}: cannot write: {e.strerror or e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -606,7 +664,8 @@ def build_parser() -> argparse.ArgumentParser:
                "--out .cache/qat/run1 --steps 300 --batch 4 --seq-len 256\n"
                "  torchrun --nproc_per_node 2 -m qat.train ... (same options; --batch is the global batch)\n"
                "  torchrun --nproc_per_node 2 -m qat.train ... --parallel fsdp2 (sharded; same checkpoints)\n"
-               "exit status: 0 ok, 2 bad input/options, 130 interrupted (the last checkpoint is intact)")
+               "exit status: 0 ok, 2 bad input/options or a failed write (disk full: the last checkpoint is intact), "
+               "130 interrupted (the last checkpoint is intact)")
     p.add_argument("--teacher", type=Path, required=True, metavar="DIR",
                    help="HF checkpoint directory of the teacher (LlamaForCausalLM or MllamaForConditionalGeneration); "
                         "the student starts as its copy")
