@@ -2,7 +2,8 @@
 
 The HF directory still provides the configuration and tokenizer; every tensor the checkpoint holds replaces the
 HF one (fp32 master weights, put into llama.cpp's layout by the source's own ``layout``), and every S3D8 matrix is
-encoded with the codebook frozen in the checkpoint (``gguf_s3d8.quantize_s3d8_with_codebook``), so the file's
+encoded with the codebook frozen in the checkpoint (``gguf_s3d8.quantize_s3d8_with_codebook``; with the frozen
+scales of a student started from GPTQ, ``gguf_s3d8.importance.quantize_s3d8_with_scales``), so the file's
 dequantised weights equal the student's fake-quantised weights bit for bit. The checkpoint records the type
 each weight was trained for; a conversion that would store a tensor differently (another ``--fallback-type``,
 another ``--type``) is refused.
@@ -51,6 +52,7 @@ def apply_qat_checkpoint(source: ModelSource, path: Path, options: ConversionOpt
     specs = {s["gguf_name"]: s for s in ck["specs"].values() if owns(s["hf_name"])}
     jobs: list[TensorJob] = []
     codebooks: dict[str, np.ndarray] = {}
+    scales: dict[str, np.ndarray] = {}
     for job in source.tensor_jobs():
         trained = weights.get(canonical(job.source))
         if trained is None:
@@ -67,12 +69,15 @@ def apply_qat_checkpoint(source: ModelSource, path: Path, options: ConversionOpt
                                    f"writes {planned.upper()} (check --type / --fallback-type)")
             if spec["codebook"] is not None:
                 codebooks[job.name] = spec["codebook"].numpy()
+            if spec.get("scales") is not None:  # a student started from GPTQ / iw1: frozen scales
+                scales[job.name] = spec["scales"].numpy().astype(np.uint16)
         jobs.append(TensorJob(job.name, job.shape, (lambda n=job.source, a=w: layout(n, a)), f"{path.name}:{job.source}"))
     missing = set(specs) - {j.name for j in jobs}
     if missing:
         raise ConvertError(f"{path}: trained weights {sorted(missing)} have no place in the model")
     # the checkpoint fixes every S3D8 tensor it trained; any other keeps the reference encoder, as before
-    return _Replaced(source, jobs), replace(options, s3d8=replace(options.s3d8, codebooks=codebooks, encoder="reference"))
+    return _Replaced(source, jobs), replace(options, s3d8=replace(options.s3d8, codebooks=codebooks, scales=scales,
+                                                                  encoder="reference"))
 
 
 class _Replaced:

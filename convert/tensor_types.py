@@ -144,13 +144,19 @@ class S3D8Options:
     ``encoder``: ``iw1`` (gguf_s3d8.importance, what llama-quantize runs; uses ``imatrix`` when given, uniform
     importance otherwise) or ``reference`` (format §1's reference encoder: absmax scales, plain MSE fit).
     ``codebooks``: frozen per-tensor codebooks (GGUF name -> (32, 3) uint8, from a QAT checkpoint) used instead
-    of fitting, with the reference encoder's absmax scales (what QAT's fake quantiser computes)."""
+    of fitting, with the reference encoder's absmax scales (what QAT's fake quantiser computes) - or, where
+    ``scales`` (GGUF name -> (n,) bf16 bits) has the tensor too, with those frozen scales and the weight-space
+    rule (``gguf_s3d8.importance.quantize_s3d8_with_scales``; QAT started from GPTQ / iw1).
+    ``precomputed``: finished containers (``gguf_s3d8.tensor_file.S3D8TensorFile``, e.g. GPTQ's) written verbatim
+    for the tensors it holds, after checking that they were made from the very weights being converted."""
 
     centroid_rule: str | None = None
     seed: int = 0
     codebooks: Mapping[str, np.ndarray] | None = None
+    scales: Mapping[str, np.ndarray] | None = None
     encoder: str = "iw1"
     imatrix: object | None = None   # gguf_s3d8.imatrix.Imatrix (typed loosely: the codec is imported lazily)
+    precomputed: object | None = None  # gguf_s3d8.tensor_file.S3D8TensorFile
 
 
 def encode(data: np.ndarray, qtype: QT, *, name: str = "", s3d8: S3D8Options = S3D8Options()) -> np.ndarray:
@@ -179,8 +185,17 @@ def _encode_s3d8(w: np.ndarray, name: str, s3d8: S3D8Options, codec: ModuleType)
     n_slices = w.shape[0] if w.ndim == 3 else 1
     slices = list(w) if w.ndim == 3 else [w]
     label = (lambda e: f"{name}[{e}]") if w.ndim == 3 else (lambda e: name)
+    pre = s3d8.precomputed
+    if pre is not None and name in pre.containers:  # type: ignore[attr-defined]
+        return _precomputed_container(w, name, pre)
     if s3d8.codebooks is not None and name in s3d8.codebooks:
         cb = s3d8.codebooks[name]
+        if s3d8.scales is not None and name in s3d8.scales:
+            from gguf_s3d8.importance import quantize_s3d8_with_scales
+
+            if w.ndim == 3:
+                raise ConvertError(f"tensor {name}: frozen S3D8 scales for a 3-D expert stack are not supported")
+            return quantize_s3d8_with_scales(w, cb, s3d8.scales[name], name=name)
         out = [codec.quantize_s3d8_with_codebook(a, cb, name=label(e)) for e, a in enumerate(slices)]
     elif s3d8.encoder == "reference":
         out = [codec.quantize_s3d8(a, name=label(e), seed=s3d8.seed, **rule) for e, a in enumerate(slices)]
@@ -196,3 +211,19 @@ def _encode_s3d8(w: np.ndarray, name: str, s3d8: S3D8Options, codec: ModuleType)
     else:
         raise ConvertError(f"unknown S3D8 encoder {s3d8.encoder!r} (known: {', '.join(S3D8_ENCODERS)})")
     return np.stack(out) if w.ndim == 3 else out[0]
+
+
+def _precomputed_container(w: np.ndarray, name: str, pre: object) -> np.ndarray:
+    """The finished container of ``name`` (GPTQ), if it was made from exactly these weights and fits the shape."""
+    from gguf_s3d8.tensor_file import weight_fingerprint
+
+    c = pre.containers[name]  # type: ignore[attr-defined]
+    if weight_fingerprint(w) != pre.fingerprints[name]:  # type: ignore[attr-defined]
+        raise ConvertError(f"tensor {name}: the S3D8 tensor file was computed from other weights than this model's "
+                           "(fingerprint mismatch) - convert the checkpoint it was made from (after "
+                           "qat.gptq_s3d8 --weights-dtype f16, the f16 GGUF of that checkpoint)")
+    want = byte_shape(w.shape, QT.S3D8)
+    if tuple(c.shape) != tuple(want):
+        raise ConvertError(f"tensor {name}: the S3D8 tensor file holds a container of shape {tuple(c.shape)}, "
+                           f"this tensor needs {tuple(want)}")
+    return c

@@ -61,6 +61,8 @@ examples:
   %(prog)s path/to/Llama-3.2-11B-Vision-Instruct --type s3d8 -o mllama-s3d8.gguf --mmproj mmproj-f16.gguf \
       --mmproj-type f16
   %(prog)s path/to/SmolLM2-hf --type s3d8 --qat-checkpoint run/checkpoint.pt -o smollm2-qat-s3d8.gguf
+  %(prog)s path/to/SmolLM2-hf --type s3d8 --calibration wiki.txt -o smollm2-gptq-s3d8.gguf
+  %(prog)s path/to/SmolLM2-hf --type s3d8 --gptq-checkpoint gptq.safetensors -o smollm2-gptq-s3d8.gguf
 
 exit status: 0 ok, 2 bad input/options, 130 interrupted (143 on SIGTERM)
 """
@@ -99,6 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "codebooks; MODEL is the teacher's HF directory, for config and tokenizer): the file's "
                         "dequantised weights equal the student's fake-quantised ones bit for bit (with --mmproj "
                         "also the vision file's; --mmproj-type must be the training's --vision-type)")
+    p.add_argument("--gptq-checkpoint", type=Path, metavar="PATH", default=None,
+                   help="write the S3D8 containers of a GPTQ run (python -m qat.gptq_s3d8 -o PATH) verbatim for the "
+                        "tensors it holds; they must be S3D8 in this conversion and made from these very weights")
+    p.add_argument("--calibration", type=Path, metavar="FILE", default=None,
+                   help="run GPTQ first (qat.gptq_s3d8; needs torch and an HF directory as MODEL) on this calibration "
+                        "data - plain text, or a qat.generate JSONL (mllama: samples with images) - and write its "
+                        "containers; see also --calibration-tokens, --calibration-seq-len, --gptq-damp")
+    p.add_argument("--calibration-tokens", type=int, default=32768, metavar="N",
+                   help="with --calibration: calibration tokens, at most (default %(default)s)")
+    p.add_argument("--calibration-seq-len", type=int, default=512, metavar="L",
+                   help="with --calibration: tokens per calibration sequence (default %(default)s)")
+    p.add_argument("--gptq-damp", type=float, default=0.05, metavar="D",
+                   help="with --calibration: GPTQ damping, fraction of mean(diag H) (default %(default)s)")
     p.add_argument("--tokenizer-pre", metavar="NAME", default=None,
                    help="llama.cpp pre-tokenizer name (tokenizer.ggml.pre) when it cannot be detected, "
                         "e.g. llama-bpe or smollm")
@@ -186,14 +201,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                      encoder=args.encoder, imatrix=_load_imatrix(args)))
         if args.mmproj is not None:
             _check_mmproj_args(args)
+        mopts = ConversionOptions(out_type=args.mmproj_type or args.out_type, fallback_type=args.fallback_type,
+                                  s3d8=options.s3d8)
+        if args.gptq_checkpoint is not None or args.calibration is not None:
+            options, mopts = _with_gptq(args, options, mopts)
         report = convert(args.model, outfile, options, tokenizer_pre=args.tokenizer_pre,
                          progress=not args.no_progress, dry_run=args.dry_run, qat_checkpoint=args.qat_checkpoint)
         print(report.format_table())
         if args.mmproj is not None:
             from .mllama import vision_source
 
-            mopts = ConversionOptions(out_type=args.mmproj_type or args.out_type, fallback_type=args.fallback_type,
-                                      s3d8=options.s3d8)
             vision: ModelSource = vision_source(args.model)
             if args.qat_checkpoint is not None:
                 from .qat_checkpoint import apply_qat_checkpoint
@@ -224,6 +241,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+
+
+def _with_gptq(args: argparse.Namespace, options: ConversionOptions,
+               mopts: ConversionOptions) -> tuple[ConversionOptions, ConversionOptions]:
+    """--gptq-checkpoint / --calibration: the GPTQ containers (computed first with --calibration), checked
+    against the type plan of every output before any work."""
+    from .gptq_checkpoint import apply_gptq_file, read_gptq_file
+
+    if args.gptq_checkpoint is not None and args.calibration is not None:
+        raise ConvertError("--gptq-checkpoint and --calibration exclude each other (--calibration runs GPTQ itself)")
+    if args.qat_checkpoint is not None:
+        raise ConvertError("--qat-checkpoint already fixes the S3D8 weights; to train from a GPTQ start use "
+                           "python -m qat.train --init-from GPTQ_FILE, then convert with --qat-checkpoint")
+    if "s3d8" not in (args.out_type, args.mmproj_type):
+        raise ConvertError("--gptq-checkpoint / --calibration write S3D8 containers: add --type s3d8")
+    if args.imatrix is not None:
+        raise ConvertError("--imatrix and GPTQ exclude each other (GPTQ takes the importance from its calibration data)")
+    outputs = [(open_source(args.model, tokenizer_pre=args.tokenizer_pre), options)]
+    if args.mmproj is not None:
+        from .mllama import vision_source
+
+        outputs.append((vision_source(args.model), mopts))
+    if args.calibration is not None:
+        if args.model.is_file():
+            raise ConvertError("--calibration needs an HF checkpoint directory as MODEL (GPTQ runs the model in torch)")
+        try:
+            from qat.gptq_s3d8 import GPTQError, run
+        except ImportError as e:
+            raise ConvertError(f"--calibration needs torch (pip install torch): {e}") from e
+        try:
+            tensors = run(args.model, args.calibration, tokens=args.calibration_tokens, seq_len=args.calibration_seq_len,
+                          damp=args.gptq_damp, fallback_type=args.fallback_type, vision_type=args.mmproj_type or args.out_type,
+                          seed=args.seed, progress=not args.no_progress).tensor_file()
+        except GPTQError as e:
+            raise ConvertError(str(e)) from e
+        where = args.calibration
+    else:
+        tensors, where = read_gptq_file(args.gptq_checkpoint), args.gptq_checkpoint
+    new = apply_gptq_file(outputs, tensors, where)
+    return new[0], new[1] if len(new) > 1 else mopts
 
 
 def _load_imatrix(args: argparse.Namespace) -> object | None:

@@ -64,10 +64,10 @@ from .constants import (
 from .container import allocate_container
 from .eligibility import n_triples
 from .errors import S3D8InputError
-from .inputs import as_weight_matrix
+from .inputs import as_codebook, as_weight_matrix
 from .packing import pack_bytes
 from .quantize import check_eligible
-from .scales import normalise
+from .scales import normalise, scales_to_fp32
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -219,8 +219,9 @@ def fit_codebook_weighted(w: F32, alpha: F32, weights: I64, *, rule: str, seed: 
     return apply_centroid_rule(lloyd_fp32(points, counts, init), rule).astype(np.uint8)
 
 
-def _assign_weight_space(a: F32, alpha: F32, cb32: F32) -> tuple[U8, F32]:
-    """Nearest centroid in weight space for (P, 3, k) ``|W|`` and (P, 3) scales: indices and errors."""
+def assign_weight_space(a: F32, alpha: F32, cb32: F32) -> tuple[U8, F32]:
+    """Nearest centroid in weight space for (P, 3, k) ``|W|`` and (P, 3) scales: indices and errors (fp32,
+    ``d = ((a0 - alpha0 C0)^2 + (a1 - alpha1 C1)^2) + (a2 - alpha2 C2)^2``, ties to the lowest index)."""
     best = np.empty(a.shape[::2], dtype=np.float32)
     q = np.zeros(best.shape, dtype=np.uint8)
     d = np.empty_like(best)
@@ -239,6 +240,26 @@ def _assign_weight_space(a: F32, alpha: F32, cb32: F32) -> tuple[U8, F32]:
             q[better] = l
             np.minimum(best, d, out=best)
     return q, best
+
+
+def weight_space_values(w: npt.ArrayLike, alpha: npt.ArrayLike, codebook: npt.ArrayLike) -> F32:
+    """The values an S3D8 container with this ``codebook`` and row scales ``alpha`` (n,) (fp32 values of bf16
+    numbers) stores for fp32 columns ``w`` (n, c) when each triple takes its nearest entry *in weight space*
+    (:func:`assign_weight_space`) and the signs of ``w``: ``alpha_i * (+-C)``, exactly what
+    :func:`gguf_s3d8.dequantize_s3d8` returns for such a container (+0 for zero codes and zero scales).
+
+    GPTQ (``qat.gptq_s3d8``) quantises one column at a time with it; re-encoding the result with
+    ``quantize_s3d8_with_codebook(values, codebook, scales_bf16=...)`` reproduces it bit for bit.
+    """
+    arr = np.ascontiguousarray(w, dtype=np.float32)
+    n, c = arr.shape
+    al = _padded_scales(alpha)
+    cb32 = np.asarray(codebook, dtype=np.uint8).astype(np.float32)
+    rows = _padded_triples(arr, 0, al.shape[0])
+    q, _ = assign_weight_space(np.abs(rows), al, cb32)
+    mag = cb32[q].transpose(0, 2, 1)  # (P, 3, c)
+    signed = np.where((rows < 0) & (al[:, :, None] != 0), -mag, mag) + np.float32(0.0)  # int8 codes have no -0
+    return (al[:, :, None] * signed).reshape(-1, c)[:n]
 
 
 def _triple_error(err: F32, weights: I64) -> F64:
@@ -264,7 +285,7 @@ def search_scales(w: F32, base: F32, codebook: U8, weights: I64, steps: int = CL
         best_e = np.full(p1 - p0, np.inf)
         for c in factors:
             alpha = bf16_round(base[p0:p1] * c)
-            _, err = _assign_weight_space(a, alpha, cb32)
+            _, err = assign_weight_space(a, alpha, cb32)
             e = _triple_error(err, weights)
             better = e < best_e
             out[p0:p1][better] = alpha[better]
@@ -284,7 +305,7 @@ def refine_codebook_weight_space(w: F32, alpha: F32, codebook: U8, weights: I64,
         for p0, p1 in _chunks(w.shape[0]):
             a = np.abs(_padded_triples(w, p0, p1))
             al = alpha[p0:p1]
-            q, _ = _assign_weight_space(a, al, cb32)
+            q, _ = assign_weight_space(a, al, cb32)
             labels = q.reshape(-1)
             for d in range(VECTOR_DIM):
                 ald = al[:, d, None].astype(np.float64)
@@ -326,14 +347,49 @@ def quantize_s3d8_importance(w: npt.ArrayLike, importance: npt.ArrayLike | None 
         alpha = search_scales(arr, base, codebook, weights)
         codebook = refine_codebook_weight_space(arr, alpha, codebook, weights)
         alpha = search_scales(arr, base, codebook, weights)
+    return _encode_weight_space(arr, alpha, codebook, name)
+
+
+def _encode_weight_space(arr: F32, alpha: F32, codebook: U8, name: str) -> U8:
+    """Step 6: the container of ``arr`` under the (P, 3) scales and the codebook (weight-space indices)."""
+    n, k = arr.shape
     scales = fp32_to_bf16_bits(alpha.reshape(-1)[:n])
     container, body = allocate_container(k, n, codebook, scales, name=name)
     cb32 = codebook.astype(np.float32)
     for p0, p1 in _chunks(n):
         rows = _padded_triples(arr, p0, p1)
-        q, _ = _assign_weight_space(np.abs(rows), alpha[p0:p1], cb32)
+        q, _ = assign_weight_space(np.abs(rows), alpha[p0:p1], cb32)
         neg = rows < 0
         zero = alpha[p0:p1] == 0
         neg[zero] = False
         body[p0:p1] = pack_bytes(q, neg[:, 0], neg[:, 1], neg[:, 2])
     return container
+
+
+def quantize_s3d8_with_scales(w: npt.ArrayLike, codebook: npt.ArrayLike, scales_bf16: npt.ArrayLike, *,
+                              name: str = "") -> U8:
+    """Encode ``w`` (n, k) with a given (32, 3) codebook and row scales (n,) (bf16 bit patterns, uint16): iw1's
+    step 6 (indices by the weight-space rule, signs of ``w``). Returns the container (n, 43k/128).
+
+    For values that such a container stores (``alpha_i * (+-C)``, e.g. a GPTQ result, :func:`weight_space_values`)
+    this gives back the same values bit for bit: their own entry is at distance 0.
+    """
+    arr = as_weight_matrix(w, name=name)
+    n, k = arr.shape
+    check_eligible(n, k, name=name)
+    cb = as_codebook(codebook, name=name)
+    sc = np.asarray(scales_bf16)
+    if sc.shape != (n,) or sc.dtype != np.uint16:
+        raise S3D8InputError(name, f"scales must be {n} bf16 bit patterns (uint16), got {sc.dtype} {sc.shape}")
+    alpha = scales_to_fp32(sc)
+    if not np.all(np.isfinite(alpha)) or np.any(sc & 0x8000):
+        raise S3D8InputError(name, "scales must be finite and non-negative (no -0)")
+    return _encode_weight_space(arr, _padded_scales(alpha), cb, name)
+
+
+def _padded_scales(alpha: npt.ArrayLike) -> F32:
+    """Row scales (n,) as (P, 3) over the padded triples (padding rows 0)."""
+    a = np.asarray(alpha, dtype=np.float32)
+    out = np.zeros(n_triples(a.shape[0]) * VECTOR_DIM, dtype=np.float32)
+    out[: a.shape[0]] = a
+    return out.reshape(-1, VECTOR_DIM)

@@ -22,7 +22,7 @@ import torch
 from gguf_s3d8.constants import ACT_QMAX, N_CENTROIDS, SCALE_DIVISOR, VECTOR_DIM
 from qat.formats import bf16_rne
 
-__all__ = ["absmax_scales", "normalise", "triples", "nearest_centroid", "s3d8_dequantised",
+__all__ = ["absmax_scales", "normalise", "triples", "nearest_centroid", "s3d8_dequantised", "s3d8_weight_space_values",
            "quantize_activations", "fake_quant_activations"]
 
 #: Vectors assigned per step (bounds the (chunk, 32) distance matrix of the screen).
@@ -125,6 +125,45 @@ def s3d8_dequantised(w: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     mag = codebook.to(device=w.device, dtype=torch.float32)[q]  # (P, k, 3)
     signed = torch.where(comp < 0, -mag.permute(0, 2, 1), mag.permute(0, 2, 1)) + 0.0  # (P, 3, k); int8 has no -0
     return alpha[:, None] * signed.reshape(-1, k)[:n]
+
+
+def s3d8_weight_space_values(w: torch.Tensor, codebook: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """The S3D8 value of fp32 columns ``w`` (n, c) under a frozen codebook and frozen row scales ``alpha`` (n,)
+    (fp32 values of bf16 numbers), each triple taking its nearest entry in weight space: bit for bit
+    :func:`gguf_s3d8.importance.weight_space_values` (fp32 ``t = a_d - alpha_d * C_d``,
+    ``d = (t0^2 + t1^2) + t2^2``, strict ``<``: ties to the lowest index; ``alpha * (+-C)`` with +0 for zero
+    codes and rows whose scale is 0). Used by GPTQ (one column at a time) and by QAT students started from a
+    GPTQ / importance-aware encoding (frozen scales).
+    """
+    if codebook.shape != (N_CENTROIDS, VECTOR_DIM):
+        raise ValueError(f"codebook must have shape (32, 3), got {tuple(codebook.shape)}")
+    w = w.detach().to(torch.float32)
+    n, c = w.shape
+    al = alpha.to(device=w.device, dtype=torch.float32).reshape(-1)
+    if al.shape[0] != n:
+        raise ValueError(f"alpha: {al.shape[0]} scales for {n} rows")
+    pad = -n % VECTOR_DIM
+    rows = triples(w)  # (P, 3, c)
+    al3 = torch.cat([al, al.new_zeros(pad)]).reshape(-1, VECTOR_DIM)  # (P, 3)
+    a = rows.abs()
+    cb = codebook.to(device=w.device, dtype=torch.float32)
+    best = idx = None
+    for l in range(N_CENTROIDS):
+        t = a[:, 0] - (al3[:, 0] * cb[l, 0])[:, None]
+        d = t * t
+        for dim in (1, 2):
+            t = a[:, dim] - (al3[:, dim] * cb[l, dim])[:, None]
+            d = d + t * t
+        if best is None:
+            best, idx = d, torch.zeros_like(d, dtype=torch.int64)
+        else:
+            lt = d < best
+            idx = torch.where(lt, l, idx)
+            best = torch.where(lt, d, best)
+    assert idx is not None
+    mag = cb[idx].permute(0, 2, 1)  # (P, 3, c)
+    signed = torch.where((rows < 0) & (al3[:, :, None] != 0), -mag, mag) + 0.0  # int8 codes have no -0
+    return (al3[:, :, None] * signed).reshape(-1, c)[:n]
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,27 +38,30 @@ from torch import nn
 from torch.nn import functional as F
 
 from qat.ggml_torch import f16_round, q8_0_activations, q8_0_dequantised
-from qat.s3d8_torch import fake_quant_activations, s3d8_dequantised
+from qat.s3d8_torch import fake_quant_activations, s3d8_dequantised, s3d8_weight_space_values
 
 __all__ = ["WeightSpec", "plan_weights", "plan_weights_from_sources", "fake_quant_weight", "weights_stepped", "quantise_student", "QuantLinear", "QuantEmbedding",
-           "student_specs", "FormatSpec", "plan_format", "spec_from_state"]
+           "student_specs", "FormatSpec", "plan_format", "spec_from_state", "start_from_containers"]
 
 WEIGHT_TYPES = ("s3d8", "q8_0", "f16", "bf16", "f32")
 
 
 @dataclass
 class WeightSpec:
-    """How one HF weight is stored in the GGUF: type, llama.cpp row permutation and frozen S3D8 codebook."""
+    """How one HF weight is stored in the GGUF: type, llama.cpp row permutation, frozen S3D8 codebook and, for a
+    student started from GPTQ or the importance-aware encoder (:func:`start_from_containers`), frozen S3D8 row
+    scales (the weight-space rule then assigns entries; without them: absmax scales of the current master)."""
 
     hf_name: str
     gguf_name: str
     qtype: str                      # one of WEIGHT_TYPES
     perm: torch.Tensor | None       # GGUF row r = HF row perm[r] (q/k RoPE layout), None = identity
     codebook: torch.Tensor | None   # (32, 3) uint8 for S3D8
+    scales: torch.Tensor | None = None  # (n,) int32 holding bf16 bit patterns, GGUF row order; None = absmax
 
     def state(self) -> dict[str, Any]:
         return {"hf_name": self.hf_name, "gguf_name": self.gguf_name, "qtype": self.qtype,
-                "perm": self.perm, "codebook": self.codebook}
+                "perm": self.perm, "codebook": self.codebook, "scales": self.scales}
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> "WeightSpec":
@@ -133,9 +136,9 @@ Placement = tuple[str, tuple[int, ...], str, "torch.Tensor | None"]
 
 
 def _plan(model: nn.Module, place: Callable[[str, torch.Tensor], Placement], *, centroid_rule: str | None,
-          seed: int, progress: bool) -> dict[str, WeightSpec]:
+          seed: int, progress: bool, fit_codebooks: bool = True) -> dict[str, WeightSpec]:
     """A spec per distinct Linear/Embedding weight (tied weights once, under the first name), placed by ``place``;
-    S3D8 codebooks are fitted on the weight in the GGUF's row order."""
+    S3D8 codebooks are fitted on the weight in the GGUF's row order (left None without ``fit_codebooks``)."""
     import gguf_s3d8
     from tqdm import tqdm
 
@@ -153,7 +156,7 @@ def _plan(model: nn.Module, place: Callable[[str, torch.Tensor], Placement], *, 
         if qtype != "f32" and tuple(w.shape) != tuple(gguf_shape):
             raise ValueError(f"{hf_name}: shape {tuple(w.shape)}, the converter writes {gguf_name} as {gguf_shape}")
         codebook = None
-        if qtype == "s3d8":
+        if qtype == "s3d8" and fit_codebooks:
             w_gguf = (w if perm is None else w[perm]).numpy()
             codebook = torch.from_numpy(gguf_s3d8.fit_codebook(w_gguf, centroid_rule=rule, seed=seed, name=gguf_name))
         specs[hf_name] = WeightSpec(hf_name, gguf_name, qtype, perm, codebook)
@@ -168,7 +171,7 @@ def _row_permutation(layout: Callable[[str, np.ndarray], np.ndarray], hf_name: s
 
 
 def plan_weights(model: nn.Module, *, fallback_type: str = "q8_0", centroid_rule: str | None = None,
-                 seed: int = 0, progress: bool = False) -> dict[str, WeightSpec]:
+                 seed: int = 0, progress: bool = False, fit_codebooks: bool = True) -> dict[str, WeightSpec]:
     """A :class:`WeightSpec` per Linear/Embedding weight of an HF Llama (keyed by HF parameter name).
 
     Tied weights (``lm_head.weight`` sharing ``model.embed_tokens.weight``) get one spec, under the name the
@@ -191,12 +194,12 @@ def plan_weights(model: nn.Module, *, fallback_type: str = "q8_0", centroid_rule
         qtype = choose_type(gguf_name, tuple(w.shape), "s3d8", fallback_type).qtype.name.lower()
         return gguf_name, tuple(w.shape), qtype, perm
 
-    return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress)
+    return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress, fit_codebooks=fit_codebooks)
 
 
 def plan_weights_from_sources(model: nn.Module, parts: Sequence[tuple[Any, str]], *, fallback_type: str = "q8_0",
                               centroid_rule: str | None = None, seed: int = 0,
-                              progress: bool = False) -> dict[str, WeightSpec]:
+                              progress: bool = False, fit_codebooks: bool = True) -> dict[str, WeightSpec]:
     """A :class:`WeightSpec` per Linear/Embedding weight, planned from the converter's own sources.
 
     ``parts`` pairs each output file's source (``convert.mllama.text_source`` / ``vision_source``: tensor jobs,
@@ -223,7 +226,7 @@ def plan_weights_from_sources(model: nn.Module, parts: Sequence[tuple[Any, str]]
         perm = None if qtype == "f32" else _row_permutation(source.layout, job.source, w.shape[0])
         return job.name, tuple(job.shape), qtype, perm
 
-    return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress)
+    return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress, fit_codebooks=fit_codebooks)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -236,7 +239,10 @@ def _dequantised(w: torch.Tensor, spec: "WeightSpec | FormatSpec") -> torch.Tens
         return spec.dequantised(w)
     w = w.detach().to(torch.float32)
     g = w if spec.perm is None else w[spec.perm]
-    if spec.qtype == "s3d8":
+    if spec.qtype == "s3d8" and spec.scales is not None:
+        assert spec.codebook is not None
+        h = s3d8_weight_space_values(g, spec.codebook, frozen_alpha(spec.scales))
+    elif spec.qtype == "s3d8":
         assert spec.codebook is not None
         h = s3d8_dequantised(g, spec.codebook)
     elif spec.qtype == "q8_0":
@@ -259,8 +265,56 @@ def _dequantised(w: torch.Tensor, spec: "WeightSpec | FormatSpec") -> torch.Tens
 
 
 def _scale_block(spec: WeightSpec, k: int) -> int | None:
-    """Elements per dynamic scale along a row (S3D8: the row, Q8_0: 32), None for unscaled types."""
+    """Elements per dynamic scale along a row (S3D8: the row, Q8_0: 32), None for unscaled types and frozen
+    scales."""
+    if spec.scales is not None:
+        return None
     return {"s3d8": k, "q8_0": 32}.get(spec.qtype)
+
+
+def frozen_alpha(scales: torch.Tensor) -> torch.Tensor:
+    """fp32 values of frozen bf16 row scales (bit patterns in an integer tensor)."""
+    return (scales.to(torch.int32) << 16).view(torch.float32)
+
+
+def start_from_containers(model: nn.Module, tensors: Any) -> tuple[list[str], list[str]]:
+    """Start a student from finished S3D8 containers (``gguf_s3d8.tensor_file.S3D8TensorFile``, e.g. GPTQ's):
+    every S3D8 weight the file holds gets the container's codebook and frozen scales, and its master becomes
+    the container's dequantised values (in HF row order), so the step-0 student computes exactly with the
+    file's weights. Returns the GGUF names started so and those whose container was computed from other weights
+    than the student's current ones (fingerprints, e.g. GPTQ run on f16-rounded weights); raises ValueError for a
+    shape or type mismatch."""
+    import gguf_s3d8
+    from gguf_s3d8.container import read_container
+    from gguf_s3d8.tensor_file import weight_fingerprint
+
+    done: list[str] = []
+    other: list[str] = []
+    seen: set[int] = set()
+    for m in model.modules():
+        if not isinstance(m, (QuantLinear, QuantEmbedding)) or id(m.spec) in seen:
+            continue
+        seen.add(id(m.spec))
+        spec = m.spec
+        if spec.gguf_name not in tensors.containers:
+            continue
+        if spec.qtype != "s3d8":
+            raise ValueError(f"{spec.gguf_name}: the file holds an S3D8 container, the student stores {spec.qtype}")
+        c = tensors.containers[spec.gguf_name]
+        parts = read_container(c, name=spec.gguf_name)
+        values = torch.from_numpy(gguf_s3d8.dequantize_s3d8(c, name=spec.gguf_name))
+        if tuple(values.shape) != tuple(m.weight.shape):
+            raise ValueError(f"{spec.gguf_name}: container of shape {tuple(values.shape)}, weight {tuple(m.weight.shape)}")
+        hf = values if spec.perm is None else torch.empty_like(values).index_copy_(0, spec.perm, values)
+        w = m.weight.detach().to(torch.float32)
+        if weight_fingerprint((w if spec.perm is None else w[spec.perm]).numpy()) != tensors.fingerprints[spec.gguf_name]:
+            other.append(spec.gguf_name)
+        with torch.no_grad():
+            m.weight.copy_(hf)
+        spec.codebook = torch.from_numpy(np.array(parts.codebook, dtype=np.uint8))
+        spec.scales = torch.from_numpy(parts.scales_bf16.astype(np.int32))
+        done.append(spec.gguf_name)
+    return done, other
 
 
 class _FakeQuantWeight(torch.autograd.Function):

@@ -237,6 +237,27 @@ def build_student(teacher_dir: Path, *, specs_state: dict[str, Any] | None = Non
     return quantise_student(model, specs, act_quant=act_quant)
 
 
+def start_from_file(student: nn.Module, path: Path, *, announce: bool = True) -> list[str]:
+    """``--init-from``: start the S3D8 weights from the containers of an S3D8 tensor file (qat.student)."""
+    from gguf_s3d8.tensor_file import S3D8TensorFileError, read_s3d8_tensors
+    from qat.student import start_from_containers
+
+    try:
+        tensors = read_s3d8_tensors(path)
+        done, other = start_from_containers(student, tensors)
+    except (S3D8TensorFileError, ValueError) as e:
+        raise TrainError(f"--init-from {path}: {e}") from e
+    unused = sorted(set(tensors.containers) - set(done))
+    if unused:
+        raise TrainError(f"--init-from {path}: {', '.join(unused[:5])} are not S3D8 weights of this student")
+    if announce:
+        print(f"started {len(done)} S3D8 weights from {path} ({tensors.producer})", file=sys.stderr)
+        if other:
+            print(f"note: {len(other)} of them were computed from other weights than the teacher's (e.g. rounded to "
+                  f"f16): {', '.join(other[:3])}{', ...' if len(other) > 3 else ''}", file=sys.stderr)
+    return done
+
+
 def freeze_all_but_s3d8(student: nn.Module) -> int:
     """Keep only the S3D8 weights trainable (a cheaper ablation of the recipe, which trains every parameter).
 
@@ -528,6 +549,8 @@ def train(args: argparse.Namespace) -> list[float]:
                             progress=progress, vision_type=args.vision_type, weight_format=args.format)
     if ck is not None:
         student.load_state_dict(ck["model"])
+    elif args.init_from is not None:
+        start_from_file(student, args.init_from, announce=rank == 0)
     if args.train_only == "s3d8":
         freeze_all_but_s3d8(student)
     teacher = load_teacher(args.teacher)
@@ -695,6 +718,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "--mmproj-type (default %(default)s, as the recipe)")
     p.add_argument("--centroid-rule", choices=("round", "trunc"), default=None,
                    help="S3D8 centroid rule of the codebook fit (default: the codec's)")
+    p.add_argument("--init-from", type=Path, default=None, metavar="FILE",
+                   help="start from the S3D8 containers of FILE (python -m qat.gptq_s3d8 -o FILE: GPTQ or the "
+                        "importance-aware encoder) instead of the direct cast: their codebooks and row scales stay "
+                        "frozen and the masters start at their values (ignored when resuming)")
     p.add_argument("--train-only", choices=("all", "s3d8"), default="all",
                    help="all: every parameter, as the recipe (default); s3d8: only the S3D8 weights (ablation for "
                         "small CPU budgets: the other fake-quantised weights are computed once)")
@@ -725,7 +752,8 @@ def _check_format_options(args: argparse.Namespace) -> None:
     gguf_only = [opt for opt, bad in (("--train-only s3d8", args.train_only != "all"),
                                       ("--fallback-type", args.fallback_type != "q8_0"),
                                       ("--vision-type", args.vision_type != "s3d8"),
-                                      ("--centroid-rule", args.centroid_rule is not None)) if bad]
+                                      ("--centroid-rule", args.centroid_rule is not None),
+                                      ("--init-from", args.init_from is not None)) if bad]
     if gguf_only:
         raise TrainError(f"--format: {', '.join(gguf_only)} only apply to the GGUF S3D8 student")
 

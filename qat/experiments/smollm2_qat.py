@@ -52,7 +52,7 @@ def plot(result: dict, path: Path) -> None:
     losses = result["losses"]
     ax[0].plot(range(1, len(losses) + 1), losses, lw=1)
     ax[0].set(xlabel="step", ylabel="train KL (nats/token)", title="QAT loss (synthetic data)")
-    names = ["direct cast", "QAT"]
+    names = ["direct cast" if result.get("start", "direct cast") == "direct cast" else "start", "QAT"]
     ax[1].bar(names, [result["direct_cast"]["kl"], result["qat"]["kl"]], color=["tab:red", "tab:green"])
     ax[1].set(ylabel="KL to teacher (nats/token)", title="held-out wiki KL")
     ax[2].bar(["teacher"] + names, [result["direct_cast"]["ppl_teacher"], result["direct_cast"]["ppl"],
@@ -72,6 +72,9 @@ def main() -> int:
     p.add_argument("--eval-ctx", type=int, default=256)
     p.add_argument("--eval-tokens", type=int, default=4096)
     p.add_argument("--train-only", choices=("all", "s3d8"), default="all", help="passed to qat.train")
+    p.add_argument("--init-from", type=Path, default=None, metavar="FILE",
+                   help="passed to qat.train: start from these S3D8 containers (python -m qat.gptq_s3d8) instead of "
+                        "the direct cast; the step-0 evaluation is then that start")
     p.add_argument("--json", type=Path, default=REPO / "qat" / "experiments" / "smollm2_qat.json")
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "qat.png")
     a = p.parse_args()
@@ -89,12 +92,19 @@ def main() -> int:
     result: dict = {"model": "SmolLM2-135M-Instruct", "n_samples": len(read_samples(a.data)),
                     "settings": {k: str(v) for k, v in vars(a).items()}}
     direct = build_student(teacher_dir)
-    result["direct_cast"] = _evaluate(direct, teacher, windows)
+    if a.init_from is not None:
+        from qat.train import start_from_file
+
+        start_from_file(direct, a.init_from)
+    result["start"] = "direct cast" if a.init_from is None else str(a.init_from)
+    result["direct_cast"] = _evaluate(direct, teacher, windows)  # the step-0 student (the start)
     print("direct cast:", result["direct_cast"], flush=True)
     del direct
     args = run_argv(a, teacher_dir, a.run) + ["--train-only", a.train_only]
     if a.lr is not None:
         args += ["--lr", str(a.lr)]
+    if a.init_from is not None:
+        args += ["--init-from", str(a.init_from)]
     t0 = time.time()
     if train_main(args) != 0:
         return 2

@@ -1,0 +1,365 @@
+"""GPTQ for the S3D8 GGUF: calibration text in, finished S3D8 containers out (``convert/to_gguf.py --gptq-checkpoint``).
+
+For every matrix the converter stores as S3D8 (the type plan of ``convert.tensor_types.choose_type``, in
+llama.cpp's row order, as :mod:`qat.student` plans it):
+
+1. **Hessian** ``H = (2/N) sum x x^T`` of the matrix's inputs over the calibration tokens
+   (:func:`qat.gptq.collect_hessians` on the fp32 model, one pass, stopped after the last S3D8 matrix).
+2. **Start**: the importance-aware encoder ``iw1`` (:mod:`gguf_s3d8.importance`, what ``llama-quantize
+   --imatrix`` runs) with the importance ``diag(H)`` - llama-imatrix's statistic (mean squared activation per
+   input column, up to the factor 2 that ``iw1``'s normalisation removes) - gives the codebook and the per-row
+   scales, which stay fixed.
+3. **GPTQ** (:func:`qat.gptq.gptq_quantise`, act order, damping 0.05, lazy blocks of 128): column by column,
+   each row triple takes its nearest codebook entry *in weight space* under the fixed scales
+   (:func:`qat.s3d8_torch.s3d8_weight_space_values`) and the error is fed back through the inverse Hessian.
+4. **Container**: the GPTQ values re-encoded with ``gguf_s3d8.importance.quantize_s3d8_with_scales`` - checked
+   to give back every value bit for bit.
+
+The containers go into an S3D8 tensor file (:mod:`gguf_s3d8.tensor_file`, with the fingerprint of each source
+weight), which ``convert/to_gguf.py MODEL --type s3d8 --gptq-checkpoint FILE`` writes verbatim into the GGUF
+(``--calibration FILE`` runs this module first) and ``qat.train --init-from FILE`` starts QAT from.
+
+Calibration data: a plain text file (tokenised, cut into ``--seq-len`` windows) or a ``qat.generate`` JSONL
+(prompt + response per sample; for Llama 3.2 Vision with the images, which the vision encoder, projector and
+cross-attention layers need). Matrices that see no calibration input keep the ``iw1`` encoding without
+importance (listed in the report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from qat.gptq import GPTQConfig, GPTQStats, collect_hessians, gptq_quantise
+
+PRODUCER = "gptq-iw1"
+
+
+class GPTQError(Exception):
+    """Unusable input (model, calibration file, options); the message says what to do."""
+
+
+class FrozenS3D8Quantiser:
+    """The GPTQ column quantiser of one S3D8 matrix (``qat.gptq.GroupQuantiser``): fixed codebook and row scales
+    for the whole matrix, nearest entry in weight space."""
+
+    group = 0  # one parameter set (the fixed scales) for the whole row
+
+    def __init__(self, codebook: np.ndarray, scales_bf16: np.ndarray) -> None:
+        from gguf_s3d8.scales import scales_to_fp32
+
+        self.codebook_u8 = np.asarray(codebook, dtype=np.uint8)
+        self.scales_bf16 = np.asarray(scales_bf16, dtype=np.uint16)
+        self._codebook = torch.from_numpy(self.codebook_u8.copy())
+        self._alpha = torch.from_numpy(scales_to_fp32(self.scales_bf16).astype(np.float32))
+
+    def group_params(self, cols: torch.Tensor) -> None:
+        return None
+
+    def quantise_columns(self, cols: torch.Tensor, params: object = None) -> torch.Tensor:
+        from qat.s3d8_torch import s3d8_weight_space_values
+
+        return s3d8_weight_space_values(cols, self._codebook, self._alpha)
+
+
+@dataclass
+class MatrixResult:
+    """One S3D8 matrix: its container and how it was made."""
+
+    container: np.ndarray
+    fingerprint: str
+    stats: GPTQStats | None  # None: no calibration input reached it (iw1 without importance)
+    seconds: float
+
+
+def gptq_s3d8_matrix(w: np.ndarray, hessian: torch.Tensor | None, *, name: str = "", seed: int = 0,
+                     centroid_rule: str | None = None, cfg: GPTQConfig = GPTQConfig()) -> MatrixResult:
+    """GPTQ one fp32 matrix (n, k) in llama.cpp's row order with its input Hessian (k, k) (module docstring).
+
+    ``hessian`` None: the ``iw1`` container without importance (no data reached the matrix)."""
+    import gguf_s3d8
+    from gguf_s3d8.container import read_container
+    from gguf_s3d8.importance import quantize_s3d8_importance, quantize_s3d8_with_scales
+    from gguf_s3d8.tensor_file import weight_fingerprint
+
+    t0 = time.time()
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    rule = {"centroid_rule": centroid_rule} if centroid_rule else {}
+    importance = None if hessian is None else torch.diagonal(hessian).clamp(min=0).numpy().astype(np.float32)
+    start = quantize_s3d8_importance(w, importance, name=name, seed=seed, **rule)
+    if hessian is None:
+        return MatrixResult(start, weight_fingerprint(w), None, time.time() - t0)
+    parts = read_container(start, name=name)
+    quantiser = FrozenS3D8Quantiser(parts.codebook, parts.scales_bf16)
+    q, stats = gptq_quantise(torch.from_numpy(w), hessian, quantiser, cfg)
+    values = q.numpy()
+    container = quantize_s3d8_with_scales(values, parts.codebook, parts.scales_bf16, name=name)
+    if not np.array_equal(gguf_s3d8.dequantize_s3d8(container, name=name).view(np.uint32), values.view(np.uint32)):
+        raise AssertionError(f"{name}: the S3D8 container does not reproduce the GPTQ values")  # an invariant
+    return MatrixResult(container, weight_fingerprint(w), stats, time.time() - t0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# calibration data
+
+
+@dataclass
+class Calibration:
+    """Model inputs of the calibration pass and what they were made of."""
+
+    batches: list[dict[str, torch.Tensor]]
+    tokens: int
+    source: str
+    sha256: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def read_calibration(model_dir: Path, path: Path, *, tokens: int, seq_len: int) -> Calibration:
+    """Calibration batches for ``model_dir`` from a text file or a ``qat.generate`` JSONL (up to ``tokens``)."""
+    from qat.train import TrainError, model_type
+
+    if not path.is_file():
+        raise GPTQError(f"{path}: no such calibration file")
+    if tokens < 1 or seq_len < 2:
+        raise GPTQError("--calibration-tokens must be >= 1 and --seq-len >= 2")
+    try:
+        mllama = model_type(model_dir) == "mllama"
+    except TrainError as e:
+        raise GPTQError(str(e)) from e
+    raw = path.read_bytes()
+    sha = hashlib.sha256(raw).hexdigest()
+    if path.suffix == ".jsonl":
+        return _jsonl_calibration(model_dir, path, sha, tokens=tokens, seq_len=seq_len, mllama=mllama)
+    if mllama:
+        raise GPTQError(f"{path}: Llama 3.2 Vision needs calibration samples with images - a qat.generate JSONL "
+                        "(python -m qat.generate --model DIR --out calib.jsonl), not plain text")
+    from transformers import AutoTokenizer
+
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GPTQError(f"{path}: not UTF-8 text ({e})") from e
+    ids = AutoTokenizer.from_pretrained(model_dir)(text, add_special_tokens=False)["input_ids"]
+    n_win = min(len(ids) // seq_len, max(1, tokens // seq_len))
+    if n_win == 0:
+        raise GPTQError(f"{path}: {len(ids)} tokens, fewer than one window of --seq-len {seq_len}")
+    batches = [{"input_ids": torch.tensor(ids[i * seq_len:(i + 1) * seq_len])[None]} for i in range(n_win)]
+    return Calibration(batches, n_win * seq_len, str(path), sha, {"kind": "text", "windows": n_win, "seq_len": seq_len})
+
+
+def _jsonl_calibration(model_dir: Path, path: Path, sha: str, *, tokens: int, seq_len: int,
+                       mllama: bool) -> Calibration:
+    from qat.data import read_samples
+    from qat.train import Batcher, TrainError, tokenise_samples
+
+    try:
+        samples = read_samples(path)
+    except (ValueError, OSError) as e:
+        raise GPTQError(f"{path}: cannot read the samples ({e})") from e
+    if mllama:
+        from transformers import AutoConfig, AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(model_dir)
+        tokenizer = processor.tokenizer
+        cfg = AutoConfig.from_pretrained(model_dir)
+        image_token_id: int | None = int(cfg.image_token_index)
+        tiles = int(cfg.vision_config.max_num_tiles)
+    else:
+        from transformers import AutoTokenizer
+
+        processor, tokenizer, image_token_id, tiles = None, AutoTokenizer.from_pretrained(model_dir), None, 4
+    try:
+        examples = tokenise_samples(samples, tokenizer, seq_len, image_token_id)
+    except TrainError as e:
+        raise GPTQError(str(e)) from e
+    if not examples:
+        raise GPTQError(f"{path}: no sample fits --seq-len {seq_len}")
+    batcher = Batcher(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0, processor,
+                      image_token_id, tiles)
+    batches, n = [], 0
+    for e in examples:
+        if n >= tokens:
+            break
+        try:
+            inputs, _ = batcher([e])
+        except TrainError as err:
+            raise GPTQError(str(err)) from err
+        batches.append(inputs)
+        n += len(e.ids)
+    return Calibration(batches, n, str(path), sha, {"kind": "jsonl", "samples": len(batches), "seq_len": seq_len})
+
+
+# ---------------------------------------------------------------------------------------------------
+# model level
+
+
+@dataclass
+class GPTQRun:
+    """Every S3D8 matrix of a model, GPTQ'd."""
+
+    results: dict[str, MatrixResult]  # by GGUF name
+    info: dict[str, Any]
+
+    def tensor_file(self) -> Any:
+        from gguf_s3d8.tensor_file import S3D8TensorFile
+
+        return S3D8TensorFile({k: r.container for k, r in self.results.items()},
+                              {k: r.fingerprint for k, r in self.results.items()}, PRODUCER, self.info)
+
+
+def _weights_rounded(model: nn.Module, dtype: str) -> None:
+    """Round every parameter to ``dtype`` (f16/bf16) in place: the values a conversion from such a GGUF holds."""
+    if dtype == "f32":
+        return
+    t = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(t).to(torch.float32))
+
+
+def s3d8_plan(model: nn.Module, model_dir: Path, *, fallback_type: str, vision_type: str) -> dict[str, Any]:
+    """The weight specs of the converter's plan (qat.student), without fitting codebooks."""
+    from qat.student import plan_weights, plan_weights_from_sources
+
+    if model.config.model_type == "mllama":
+        from convert.mllama import text_source, vision_source
+
+        return plan_weights_from_sources(model, [(text_source(model_dir), "s3d8"), (vision_source(model_dir), vision_type)],
+                                         fallback_type=fallback_type, fit_codebooks=False)
+    return plan_weights(model, fallback_type=fallback_type, fit_codebooks=False)
+
+
+def gptq_s3d8_model(model_dir: Path, calibration: Calibration, *, fallback_type: str = "q8_0",
+                    vision_type: str = "s3d8", seed: int = 0, centroid_rule: str | None = None,
+                    weights_dtype: str = "f32", cfg: GPTQConfig = GPTQConfig(), progress: bool = True) -> GPTQRun:
+    """GPTQ every matrix the converter stores as S3D8 (module docstring)."""
+    from tqdm import tqdm
+
+    from qat.train import load_teacher
+
+    t0 = time.time()
+    model = load_teacher(model_dir)
+    _weights_rounded(model, weights_dtype)
+    specs = {k: s for k, s in s3d8_plan(model, model_dir, fallback_type=fallback_type, vision_type=vision_type).items()
+             if s.qtype == "s3d8"}
+    if not specs:
+        raise GPTQError(f"{model_dir}: no matrix of this model can be stored as S3D8 (nothing to GPTQ)")
+    params = dict(model.named_parameters(remove_duplicate=False))
+    # the Linear that computes with each S3D8 weight (a tied embedding: the LM head sharing it)
+    linears: dict[str, nn.Linear] = {}
+    by_param = {id(params[name]): name for name in specs}
+    for mod_name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear) and id(mod.weight) in by_param:
+            linears.setdefault(by_param[id(mod.weight)], mod)
+    bar = (lambda it, **kw: tqdm(it, **kw)) if progress else (lambda it, **kw: it)
+    hessians = collect_hessians(model, calibration.batches, modules={n: m for n, m in linears.items()},
+                                progress=lambda b: bar(b, desc="Calibration", total=len(calibration.batches), leave=False),
+                                stop_early=True)
+    t_h = time.time() - t0
+    results: dict[str, MatrixResult] = {}
+    for hf_name, spec in bar(list(specs.items()), desc="GPTQ S3D8", leave=False):
+        w = params[hf_name].detach().to(torch.float32)
+        w_gguf = (w if spec.perm is None else w[spec.perm]).numpy()
+        coll = hessians.get(hf_name)
+        h = coll.hessian() if coll is not None and coll.n > 0 else None
+        results[spec.gguf_name] = gptq_s3d8_matrix(w_gguf, h, name=spec.gguf_name, seed=seed,
+                                                   centroid_rule=centroid_rule, cfg=cfg)
+    info = {"producer": PRODUCER, "calibration": {"file": Path(calibration.source).name, "sha256": calibration.sha256,
+                                                  "tokens": calibration.tokens, **calibration.info},
+            "gptq": {"damp": cfg.damp, "block": cfg.block, "act_order": cfg.act_order},
+            "seed": seed, "centroid_rule": centroid_rule, "weights_dtype": weights_dtype,
+            "no_calibration_input": sorted(k for k, r in results.items() if r.stats is None),
+            "seconds": {"calibration": round(t_h, 1), "total": round(time.time() - t0, 1)}}
+    return GPTQRun(results, info)
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI
+
+_DESCRIPTION = """\
+GPTQ for S3D8: quantise every matrix that the converter stores as S3D8 with
+error feedback from calibration data (importance-aware codebook and scales from
+the same data), and write the finished containers for
+
+  python convert/to_gguf.py MODEL --type s3d8 --gptq-checkpoint OUT -o model.gguf
+  python -m qat.train --teacher MODEL --init-from OUT ...   (QAT from this start)
+
+(or do both steps at once: convert/to_gguf.py MODEL --type s3d8 --calibration FILE).
+"""
+
+
+def add_calibration_options(p: argparse.ArgumentParser) -> None:
+    """The calibration options shared with ``convert/to_gguf.py --calibration``."""
+    p.add_argument("--calibration-tokens", type=int, default=32768, metavar="N",
+                   help="calibration tokens to use, at most (default %(default)s)")
+    p.add_argument("--calibration-seq-len", type=int, default=512, metavar="L",
+                   help="tokens per calibration sequence (default %(default)s)")
+    p.add_argument("--gptq-damp", type=float, default=GPTQConfig.damp,
+                   help="GPTQ damping, fraction of mean(diag H) (default %(default)s)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m qat.gptq_s3d8", description=_DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True, metavar="DIR", help="HF checkpoint directory (Llama or mllama)")
+    p.add_argument("--calibration", type=Path, required=True, metavar="FILE",
+                   help="plain text (UTF-8) or a qat.generate JSONL (required for mllama: samples with images)")
+    p.add_argument("-o", "--out", type=Path, required=True, metavar="FILE", help="S3D8 tensor file to write (.safetensors)")
+    add_calibration_options(p)
+    p.add_argument("--fallback-type", choices=("q8_0", "f16", "bf16", "f32"), default="q8_0",
+                   help="the converter's --fallback-type (decides which matrices are S3D8; default %(default)s)")
+    p.add_argument("--vision-type", choices=("s3d8", "q8_0", "f16", "bf16", "f32"), default="s3d8",
+                   help="mllama: the converter's --mmproj-type (default %(default)s)")
+    p.add_argument("--weights-dtype", choices=("f32", "f16", "bf16"), default="f32",
+                   help="round the weights to this type first: use f16 to convert from an f16 GGUF of the same "
+                        "model afterwards (default %(default)s: as loaded)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the codebook fit (default %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def run(model: Path, calibration: Path, *, tokens: int, seq_len: int, damp: float, fallback_type: str = "q8_0",
+        vision_type: str = "s3d8", weights_dtype: str = "f32", seed: int = 0, progress: bool = True) -> GPTQRun:
+    """Read the calibration file and GPTQ the model (the CLI and ``convert/to_gguf.py --calibration``)."""
+    cal = read_calibration(model, calibration, tokens=tokens, seq_len=seq_len)
+    return gptq_s3d8_model(model, cal, fallback_type=fallback_type, vision_type=vision_type, seed=seed,
+                           weights_dtype=weights_dtype, cfg=GPTQConfig(damp=damp), progress=progress)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from gguf_s3d8.tensor_file import write_s3d8_tensors
+
+    try:
+        result = run(args.model, args.calibration, tokens=args.calibration_tokens, seq_len=args.calibration_seq_len,
+                     damp=args.gptq_damp, fallback_type=args.fallback_type, vision_type=args.vision_type,
+                     weights_dtype=args.weights_dtype, seed=args.seed, progress=not args.no_progress)
+        write_s3d8_tensors(args.out, result.tensor_file())
+    except GPTQError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.filename or args.out}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    info = result.info
+    print(f"{args.out}: {len(result.results)} S3D8 matrices, GPTQ on {info['calibration']['tokens']} calibration "
+          f"tokens in {info['seconds']['total']:.0f} s")
+    if info["no_calibration_input"]:
+        print(f"  without calibration input (iw1 without importance): {', '.join(info['no_calibration_input'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
