@@ -9,10 +9,15 @@ presets=("$@")
 ((${#presets[@]})) || presets=(host)
 for preset in "${presets[@]}"; do
     printf '\033[1m[build]\033[0m %s\n' "$preset" >&2
-    if [[ ! -f build/$preset/CMakeCache.txt ]]; then
+    # configure when the build folder is new or the presets/toolchain changed since it was configured (a
+    # preset's cache variables only reach an existing build folder through `cmake --preset`)
+    stamp=build/$preset/.s3d8-presets.sha256
+    digest=$(cat CMakePresets.json cmake/*.cmake | sha256sum | cut -c1-16)
+    if [[ ! -f build/$preset/CMakeCache.txt || "$(cat "$stamp" 2>/dev/null)" != "$digest" ]]; then
         log=$(mktemp)
         cmake --preset "$preset" > "$log" 2>&1 || { cat "$log"; rm -f "$log"; exit 1; }
         rm -f "$log"
+        echo "$digest" > "$stamp"
     fi
     cmake --build --preset "$preset" -j "$JOBS"
 done

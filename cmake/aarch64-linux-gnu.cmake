@@ -17,7 +17,12 @@ set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
 
 # CTest runs every test executable through QEMU; `-cpu max` enables dotprod, i8mm, SVE, ...
+# The presets link statically (S3D8_STATIC), so QEMU needs no -L: the tests prove the binaries are self-contained.
 find_program(S3D8_QEMU qemu-aarch64)
 if (S3D8_QEMU)
-    set(CMAKE_CROSSCOMPILING_EMULATOR "${S3D8_QEMU};-cpu;max;-L;${S3D8_SYSROOT}")
+    if (S3D8_STATIC)
+        set(CMAKE_CROSSCOMPILING_EMULATOR "${S3D8_QEMU};-cpu;max")
+    else()
+        set(CMAKE_CROSSCOMPILING_EMULATOR "${S3D8_QEMU};-cpu;max;-L;${S3D8_SYSROOT}")
+    endif()
 endif()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -209,3 +210,33 @@ def test_check_upstream_reports_drift_and_failures_against_another_tree(tmp_path
     assert not later.ok
     assert check_upstream.main(["--patches", str(series), "--against", str(other)]) == 1
     assert check_upstream.main(["--patches", str(series)]) == 0
+
+
+def test_build_reconfigures_when_the_presets_change(tmp_path: Path) -> None:
+    """ci/build.sh configures a new build folder once, then only builds, and configures again when the presets
+    (or toolchain files) differ from those the folder was configured with (a changed preset, e.g. a cross preset
+    that now builds the phone-path tools and links statically, must reach existing build folders)."""
+    preset = f"test-stamp-{tmp_path.name}"
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "cmake").write_text(f"""#!/bin/sh
+echo "$*" >> {calls}
+if [ "$1" = "--preset" ]; then mkdir -p build/$2 && : > build/$2/CMakeCache.txt; fi
+""")
+    (fake / "cmake").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+
+    def build() -> list[str]:
+        calls.unlink(missing_ok=True)
+        subprocess.run(["bash", str(REPO / "ci/build.sh"), preset], check=True, env=env, capture_output=True)
+        return [line.split()[0] for line in calls.read_text().splitlines()]
+
+    try:
+        assert build() == ["--preset", "--build"]
+        assert build() == ["--build"]
+        (REPO / "build" / preset / ".s3d8-presets.sha256").write_text("configured with other presets\n")
+        assert build() == ["--preset", "--build"]
+        assert build() == ["--build"]
+    finally:
+        shutil.rmtree(REPO / "build" / preset, ignore_errors=True)
