@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The project's test command (README; .ci/run calls exactly this):
-#   set-up → build (host + both aarch64 variants) → pytest → CTest on x86 → CTest of both aarch64
-#   builds under qemu-aarch64 -cpu max → one summary line "N passed, M failed".
+#   set-up → build (host + both aarch64 variants, static, with llama-cli/llama-mtmd-cli/llama-mllama-dump) →
+#   pytest (tests/python/test_phone_path.py runs those aarch64 tools under qemu-aarch64 against x86) → CTest on
+#   x86 → CTest of both aarch64 builds under qemu-aarch64 -cpu max → one summary line "N passed, M failed".
 # Every suite runs even when an earlier one fails; the exit status is non-zero on any failure.
-# S3D8_SKIP_CROSS=1 skips the aarch64 builds (reported, and counted as a failure, never as a pass).
+# S3D8_SKIP_CROSS=1 skips the aarch64 builds (reported, and counted as a failure, never as a pass; the phone-path
+# tests then skip, which counts as failures too).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source ci/env.sh

@@ -11,7 +11,9 @@
 //
 // With --dump-tensors DIR, the intermediate tensors of the vision encoder (local_inp, global_inp, layer_out-<il>)
 // and of the text model (l_out-<il>, for the prompt) are written to DIR as <name>.npy (shape as ggml's ne,
-// reversed), for layer-by-layer comparisons.
+// reversed), for layer-by-layer comparisons; --dump-name NAME (repeatable) adds the graph tensor of that exact name
+// (e.g. attn_norm-0, Vcur-0, result_norm, result_output: the inputs and outputs of single S3D8 matmuls).
+// The tool runs any llama.cpp text model too (no --mmproj/--image/--cross): the phone-path test uses it so.
 //
 // Every occurrence of the image token in --tokens stands for the next --image (in order). The cross-attention
 // states of all images are attached before the prompt is decoded, as the reference implementation sees them.
@@ -115,9 +117,10 @@ static npy_array read_npy_f32(const std::string & path) {
 // eval callback writing selected F32 tensors as .npy files
 struct tensor_dumper {
     std::string dir;
+    std::vector<std::string> names; // --dump-name: exact names, besides the prefixes below
     bool enabled = true;
 
-    static bool wanted(const char * name) {
+    bool wanted(const char * name) const {
         static const char * prefixes[] = { "local_inp", "global_inp", "layer_out-", "l_out-" };
         if (strchr(name, ' ') != nullptr) {
             return false; // views and reshapes of a named tensor
@@ -127,12 +130,12 @@ struct tensor_dumper {
                 return true;
             }
         }
-        return false;
+        return std::find(names.begin(), names.end(), name) != names.end();
     }
 
     static bool cb(struct ggml_tensor * t, bool ask, void * user_data) {
         auto * self = (tensor_dumper *) user_data;
-        if (!self->enabled || !wanted(t->name)) {
+        if (!self->enabled || !self->wanted(t->name)) {
             return !ask; // not observed; keep computing
         }
         if (ask) {
@@ -158,7 +161,7 @@ static void usage(const char * argv0) {
     fprintf(stderr,
         "usage: %s -m TEXT.gguf [--mmproj MMPROJ.gguf --image IMG ...] [--cross STATES.npy --n-valid N ...]\n"
         "          --tokens ID,ID,... [--n-steps N] [-ctk TYPE] [-ctv TYPE] [-fa on|off|auto] [-t N] -o OUTDIR\n"
-        "          [--dump-tensors DIR] [--state-roundtrip]\n",
+        "          [--dump-tensors DIR [--dump-name NAME ...]] [--state-roundtrip]\n",
         argv0);
 }
 
@@ -181,6 +184,7 @@ int main(int argc, char ** argv) {
     std::string mmproj_path;
     std::string out_dir;
     std::string dump_dir;
+    std::vector<std::string> dump_names;
     bool state_roundtrip = false;
     std::vector<std::string> images;
     std::vector<std::string> cross_files;
@@ -236,6 +240,8 @@ int main(int argc, char ** argv) {
                 out_dir = next();
             } else if (a == "--dump-tensors") {
                 dump_dir = next();
+            } else if (a == "--dump-name") {
+                dump_names.push_back(next());
             } else if (a == "--state-roundtrip") {
                 state_roundtrip = true;
             } else {
@@ -250,6 +256,7 @@ int main(int argc, char ** argv) {
     }
 
     if (model_path.empty() || out_dir.empty() || tokens.empty() || (!images.empty() && mmproj_path.empty()) ||
+            (!dump_names.empty() && dump_dir.empty()) ||
             (!images.empty() && !cross_files.empty()) || cross_valid.size() > cross_files.size()) {
         usage(argv[0]);
         return 2;
@@ -285,6 +292,7 @@ int main(int argc, char ** argv) {
 
     tensor_dumper dumper;
     dumper.dir = dump_dir;
+    dumper.names = dump_names;
     if (!dump_dir.empty()) {
         cparams.cb_eval           = tensor_dumper::cb;
         cparams.cb_eval_user_data = &dumper;
