@@ -7,85 +7,29 @@ with different images, a malformed image (HTTP 400 with a message) after which t
 from __future__ import annotations
 
 import base64
-import io
 import json
-import socket
-import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-import numpy as np
 import pytest
 import requests
 
-from tests.mllama import harness, tiny_model as T
-
-N_PREDICT = 8
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def png_data_url(h: int, w: int, seed: int) -> str:
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def chat_body(image_url: str, text: str = "What does the image show?", stream: bool = False) -> dict:
-    return {
-        "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": image_url}},
-            {"type": "text", "text": text},
-        ]}],
-        "max_tokens": N_PREDICT,
-        "temperature": 0.0,
-        "seed": 42,
-        "stream": stream,
-    }
+from tests.mllama import harness, llama_server, tiny_model as T
+from tests.mllama.llama_server import N_PREDICT, chat_body, png_data_url
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     exe = harness.binary("llama-server")
     text, mmproj = harness.convert(T.get(), tmp_path_factory.mktemp("gguf"), "f16")
-    port = free_port()
     log = tmp_path_factory.mktemp("log") / "server.log"
-    cmd = [str(exe), "-m", str(text), "--mmproj", str(mmproj), "--host", "127.0.0.1", "--port", str(port),
-           "-np", "2", "-c", "1024", "-t", "2", "--no-warmup", "--jinja",
-           # one token per ubatch: the answers of a (tie-prone) random model must not depend on which requests
-           # happen to share a batch, since bigger batches take other matmul kernels (other rounding)
-           "-ub", "1"]
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"llama-server exited with {proc.returncode}:\n{log.read_text()[-4000:]}", pytrace=False)
-            try:
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"llama-server did not become ready:\n{log.read_text()[-4000:]}", pytrace=False)
-            time.sleep(0.5)
-        yield url
+        srv = llama_server.start(exe, text, mmproj, log, n_parallel=2, n_ctx=1024)
+    except llama_server.ServerError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield srv.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        srv.stop()
 
 
 def answer(server: str, body: dict) -> dict:
