@@ -417,11 +417,14 @@ def _read_sse(res: http.client.HTTPResponse, stop_after_first: bool) -> tuple[st
         if not line:
             return "bad-sse", f"stream ended without [DONE] after {n_events} events", None
         line = line.rstrip(b"\r\n")
-        if not line:
+        if not line or line.startswith(b":"):
+            continue  # the end of an event; a comment (the server's keep-alive ping ":" when no token came for a while)
+        field, sep, value = line.partition(b":")
+        if not sep or field not in (b"data", b"event", b"id", b"retry"):
+            return "bad-sse", f"not an SSE field: {line[:200]!r}", None
+        if field != b"data":
             continue
-        if not line.startswith(b"data: "):
-            return "bad-sse", f"not a data line: {line[:200]!r}", None
-        data = line[len(b"data: "):]
+        data = value[1:] if value.startswith(b" ") else value
         if data == b"[DONE]":
             if n_events == 0:
                 return "bad-sse", "[DONE] without events", None

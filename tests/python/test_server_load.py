@@ -15,6 +15,7 @@ fixes, every check runs and must pass.
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import socket
 import time
@@ -84,6 +85,34 @@ def patched(tmp_path_factory) -> bool:
 def pending(patched: bool) -> None:
     if not patched:
         pytest.xfail(FIX_PENDING)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the driver's own checks
+
+
+def test_sse_reader():
+    """Comments (the server's keep-alive ping ":") and other SSE fields are valid; a stream must end with [DONE]."""
+    def ev(text: str) -> bytes:
+        return b"data: " + json.dumps({"choices": [{"delta": {"content": text}}]}).encode() + b"\n\n"
+
+    ok = ev("a") + b":\n\n" + b"event: x\nid: 1\n" + ev("b") + b"data:[DONE]\n\n"
+    assert L._read_sse(io.BytesIO(ok), False) == ("sse", "", {"content": "ab", "timings": None})
+    assert L._read_sse(io.BytesIO(ev("a")), False)[0] == "bad-sse"                       # no [DONE]
+    assert L._read_sse(io.BytesIO(b"hello\n\n" + ev("a")), False)[0] == "bad-sse"       # not a field
+    assert L._read_sse(io.BytesIO(b"data: {\n\n"), False)[0] == "bad-sse"                # not JSON
+    assert L._read_sse(io.BytesIO(b'data: {"error": {"code": 500}}\n\n'), False)[0] == "sse-error"
+    assert L._read_sse(io.BytesIO(ev("a") + ev("b")), True)[0] == "cancelled"
+
+
+def test_plan_is_seeded_and_holds_every_kind():
+    ctx = L.Context(256, 17, 4, {1: "!", 2: " x", 3: " xq"})
+    variants = L.catalogue(ctx)
+    a, b = (L.plan(variants, 130, 60, seed=5) for _ in range(2))
+    assert [[v.name for v in r] for r in a] == [[v.name for v in r] for r in b]
+    assert [len(r) for r in a] == [60, 60, 10]
+    assert all({v.kind for v in r} == set(L.WEIGHTS) for r in a[:2])
+    assert all(ctx.text_for(n).count("word") == (n - 17) // 4 for n in range(30, 60))
 
 
 # --------------------------------------------------------------------------------------------------------------------
