@@ -82,10 +82,13 @@ class MatrixResult:
 
 
 def gptq_s3d8_matrix(w: np.ndarray, hessian: torch.Tensor | None, *, name: str = "", seed: int = 0,
-                     centroid_rule: str | None = None, cfg: GPTQConfig = GPTQConfig()) -> MatrixResult:
+                     centroid_rule: str | None = None, cfg: GPTQConfig = GPTQConfig(),
+                     start: np.ndarray | None = None) -> MatrixResult:
     """GPTQ one fp32 matrix (n, k) in llama.cpp's row order with its input Hessian (k, k) (module docstring).
 
-    ``hessian`` None: the ``iw1`` container without importance (no data reached the matrix)."""
+    ``hessian`` None: the ``iw1`` container without importance (no data reached the matrix). ``start``: a
+    container of this matrix whose codebook and scales to keep (e.g. ``llama-quantize --imatrix``'s, the C twin
+    of iw1) instead of running iw1 here."""
     import gguf_s3d8
     from gguf_s3d8.container import read_container
     from gguf_s3d8.importance import quantize_s3d8_importance, quantize_s3d8_with_scales
@@ -95,7 +98,8 @@ def gptq_s3d8_matrix(w: np.ndarray, hessian: torch.Tensor | None, *, name: str =
     w = np.ascontiguousarray(w, dtype=np.float32)
     rule = {"centroid_rule": centroid_rule} if centroid_rule else {}
     importance = None if hessian is None else torch.diagonal(hessian).clamp(min=0).numpy().astype(np.float32)
-    start = quantize_s3d8_importance(w, importance, name=name, seed=seed, **rule)
+    if start is None:
+        start = quantize_s3d8_importance(w, importance, name=name, seed=seed, **rule)
     if hessian is None:
         return MatrixResult(start, weight_fingerprint(w), None, time.time() - t0)
     parts = read_container(start, name=name)
@@ -240,8 +244,10 @@ def s3d8_plan(model: nn.Module, model_dir: Path, *, fallback_type: str, vision_t
 
 def gptq_s3d8_model(model_dir: Path, calibration: Calibration, *, fallback_type: str = "q8_0",
                     vision_type: str = "s3d8", seed: int = 0, centroid_rule: str | None = None,
-                    weights_dtype: str = "f32", cfg: GPTQConfig = GPTQConfig(), progress: bool = True) -> GPTQRun:
-    """GPTQ every matrix the converter stores as S3D8 (module docstring)."""
+                    weights_dtype: str = "f32", cfg: GPTQConfig = GPTQConfig(), progress: bool = True,
+                    start: Path | None = None) -> GPTQRun:
+    """GPTQ every matrix the converter stores as S3D8 (module docstring); ``start``: an S3D8 GGUF of the same
+    model whose codebooks and scales to keep (:func:`start_containers`)."""
     from tqdm import tqdm
 
     from qat.train import load_teacher
@@ -265,6 +271,7 @@ def gptq_s3d8_model(model_dir: Path, calibration: Calibration, *, fallback_type:
                                 progress=lambda b: bar(b, desc="Calibration", total=len(calibration.batches), leave=False),
                                 stop_early=True)
     t_h = time.time() - t0
+    starts = start_containers(start, {s.gguf_name for s in specs.values()}) if start is not None else {}
     results: dict[str, MatrixResult] = {}
     for hf_name, spec in bar(list(specs.items()), desc="GPTQ S3D8", leave=False):
         w = params[hf_name].detach().to(torch.float32)
@@ -272,14 +279,33 @@ def gptq_s3d8_model(model_dir: Path, calibration: Calibration, *, fallback_type:
         coll = hessians.get(hf_name)
         h = coll.hessian() if coll is not None and coll.n > 0 else None
         results[spec.gguf_name] = gptq_s3d8_matrix(w_gguf, h, name=spec.gguf_name, seed=seed,
-                                                   centroid_rule=centroid_rule, cfg=cfg)
+                                                   centroid_rule=centroid_rule, cfg=cfg, start=starts.get(spec.gguf_name))
     info = {"producer": PRODUCER, "calibration": {"file": Path(calibration.source).name, "sha256": calibration.sha256,
                                                   "tokens": calibration.tokens, **calibration.info},
             "gptq": {"damp": cfg.damp, "block": cfg.block, "act_order": cfg.act_order},
             "seed": seed, "centroid_rule": centroid_rule, "weights_dtype": weights_dtype,
+            "start": "iw1 (importance diag(H))" if start is None else f"codebooks and scales of {start.name}",
             "no_calibration_input": sorted(k for k, r in results.items() if r.stats is None),
             "seconds": {"calibration": round(t_h, 1), "total": round(time.time() - t0, 1)}}
     return GPTQRun(results, info)
+
+
+def start_containers(path: Path, names: set[str]) -> dict[str, np.ndarray]:
+    """The S3D8 containers of ``names`` in the GGUF ``path`` (GPTQError if the file lacks one or is no S3D8 GGUF)."""
+    import gguf
+
+    import gguf_s3d8  # noqa: F401  (registers the S3D8 type with gguf-py)
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except (OSError, ValueError) as e:
+        raise GPTQError(f"--start {path}: cannot read the GGUF ({e})") from e
+    found = {t.name: np.array(t.data, dtype=np.uint8) for t in reader.tensors
+             if t.name in names and t.tensor_type.name == "S3D8"}
+    missing = sorted(names - set(found))
+    if missing:
+        raise GPTQError(f"--start {path}: no S3D8 tensor {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -323,17 +349,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="round the weights to this type first: use f16 to convert from an f16 GGUF of the same "
                         "model afterwards (default %(default)s: as loaded)")
     p.add_argument("--seed", type=int, default=0, help="seed of the codebook fit (default %(default)s)")
+    p.add_argument("--start", type=Path, default=None, metavar="GGUF",
+                   help="keep the codebooks and scales of this S3D8 GGUF of the model (e.g. from llama-quantize "
+                        "--imatrix, the fast C twin of the iw1 start) instead of fitting them here")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 
 def run(model: Path, calibration: Path, *, tokens: int, seq_len: int, damp: float, fallback_type: str = "q8_0",
-        vision_type: str = "s3d8", weights_dtype: str = "f32", seed: int = 0, progress: bool = True) -> GPTQRun:
+        vision_type: str = "s3d8", weights_dtype: str = "f32", seed: int = 0, progress: bool = True,
+        start: Path | None = None) -> GPTQRun:
     """Read the calibration file and GPTQ the model (the CLI and ``convert/to_gguf.py --calibration``)."""
     cal = read_calibration(model, calibration, tokens=tokens, seq_len=seq_len)
     return gptq_s3d8_model(model, cal, fallback_type=fallback_type, vision_type=vision_type, seed=seed,
-                           weights_dtype=weights_dtype, cfg=GPTQConfig(damp=damp), progress=progress)
+                           weights_dtype=weights_dtype, cfg=GPTQConfig(damp=damp), progress=progress, start=start)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -345,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = run(args.model, args.calibration, tokens=args.calibration_tokens, seq_len=args.calibration_seq_len,
                      damp=args.gptq_damp, fallback_type=args.fallback_type, vision_type=args.vision_type,
-                     weights_dtype=args.weights_dtype, seed=args.seed, progress=not args.no_progress)
+                     weights_dtype=args.weights_dtype, seed=args.seed, progress=not args.no_progress, start=args.start)
         write_s3d8_tensors(args.out, result.tensor_file())
     except GPTQError as e:
         print(f"error: {e}", file=sys.stderr)

