@@ -5,11 +5,10 @@ One run of the driver serves the load tests (rounds of concurrent valid, streame
 the long run is in docs/reliability.md, "Server under load and bad input"); the tests check its report. Nothing here
 asserts a speed: a loaded machine only makes the run slower, the timeouts are generous.
 
-The fixes of the bugs are in .cache/server-fix.diff, not yet in the patch series. The module finds out whether the
-server under test has them (it answers a malformed JSON body with a 400, not a 500); until it has, each regression check
-is an xfail (counted as a failure by ci/summarize.py, as it should: the bugs are there), the load run leaves out the
-requests that trigger the two wrong-answer bugs, and its client errors answered with a 5xx are an xfail too. With the
-fixes, every check runs and must pass.
+The fixes of the bugs are in the patch series (ggml-patches: "server : client errors are answered with a 4xx and a
+message", "llama : apply pending memory updates before a state is saved or restored", and the mllama server and mtmd
+patches). The module still asks the server under test whether it has them (a malformed JSON body must get a 400, not a
+500), so that a server built without them fails every regression check with that reason instead of an obscure one.
 """
 
 from __future__ import annotations
@@ -54,7 +53,8 @@ KNOWN_BUGS = {
 # max_tokens=1 (test_child_slot_restored_from_the_prompt_cache) and the text-only greedy request, whose prompt reuses
 # a prefix computed with an image (test_text_prompt_after_an_image_prompt, test_cancelled_image_prompt).
 UNPATCHED_EXCLUDE = {("chat", "two_choices"), ("greedy", "text_plain"), ("greedy", "text_stream")}
-FIX_PENDING = "server bug, fix in .cache/server-fix.diff not applied yet"
+FIX_MISSING = ("this llama-server answers a body that is not JSON with 500: it was built without the series' server "
+               "fixes (patch 'server : client errors are answered with a 4xx and a message' and the ones after it)")
 
 
 def start(tmp_path, n_parallel: int, n_ctx: int, cache_ram: int = 8) -> llama_server.Server:
@@ -83,8 +83,7 @@ def patched(tmp_path_factory) -> bool:
 
 
 def pending(patched: bool) -> None:
-    if not patched:
-        pytest.xfail(FIX_PENDING)
+    assert patched, FIX_MISSING
 
 
 # --------------------------------------------------------------------------------------------------------------------
