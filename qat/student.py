@@ -267,7 +267,7 @@ def _dequantised(w: torch.Tensor, spec: "WeightSpec | FormatSpec") -> torch.Tens
 def _scale_block(spec: WeightSpec, k: int) -> int | None:
     """Elements per dynamic scale along a row (S3D8: the row, Q8_0: 32), None for unscaled types and frozen
     scales."""
-    if spec.scales is not None:
+    if isinstance(spec, WeightSpec) and spec.scales is not None:
         return None
     return {"s3d8": k, "q8_0": 32}.get(spec.qtype)
 
