@@ -191,3 +191,36 @@ def test_vqa_evaluation_of_the_student(pipeline, tmp_path, capsys) -> None:
     assert eval_main(["--task", "vqav2", "--data", str(data), "--student", str(tmp_path / "nope.pt"),
                       "--no-progress"]) == 2
     assert "nope.pt: no such checkpoint" in capsys.readouterr().err
+
+
+def test_gptq_of_the_whole_mllama(pipeline, tmp_path) -> None:
+    """GPTQ (qat.gptq_s3d8) of every S3D8 matrix of text model, cross-attention, vision encoder and projector, with the
+    teacher's image samples as calibration data: every Linear gets a Hessian (only the untied embedding table has none),
+    and --gptq-checkpoint writes the containers verbatim into both files."""
+    import gguf
+
+    from convert.to_gguf import main as convert_main
+    from gguf_s3d8.tensor_file import read_s3d8_tensors
+    from qat.gptq_s3d8 import main as gptq_main
+
+    g = tmp_path / "gptq.safetensors"
+    assert gptq_main(["--model", str(pipeline["teacher"]), "--calibration", str(pipeline["data"]), "-o", str(g),
+                      "--calibration-seq-len", "320", "--no-progress"]) == 0
+    tensors = read_s3d8_tensors(g)
+    # the untied token embedding is a lookup table, no Linear's input: iw1 without importance, the one exception
+    assert tensors.info["no_calibration_input"] == ["token_embd.weight"]
+    names = set(tensors.containers)
+    assert any(n.startswith("v.") for n in names) and any(n.startswith("mm.") for n in names)
+    assert any("cross_attn" in n for n in names)
+    text, mmproj = tmp_path / "text.gguf", tmp_path / "mmproj.gguf"
+    assert convert_main([str(pipeline["teacher"]), "--type", "s3d8", "--gptq-checkpoint", str(g), "-o", str(text),
+                         "--mmproj", str(mmproj), "--mmproj-type", "s3d8", "--tokenizer-pre", "llama-bpe",
+                         "--no-progress"]) == 0
+    written = {}
+    for path in (text, mmproj):
+        for t in gguf.GGUFReader(path).tensors:
+            if t.tensor_type.name == "S3D8":
+                written[t.name] = np.asarray(t.data).reshape(-1)
+    assert set(written) == set(tensors.containers)
+    for name, c in tensors.containers.items():
+        assert np.array_equal(written[name], c.reshape(-1)), name
