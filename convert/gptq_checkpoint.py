@@ -8,6 +8,7 @@ the plan that the file lacks are encoded as usual (``--encoder``), with a warnin
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,18 @@ from pathlib import Path
 from .common import ConversionOptions, ModelSource
 from .errors import ConvertError
 from .tensor_types import choose_type
+
+
+def add_calibration_options(p: argparse.ArgumentParser, *, when: str = "") -> None:
+    """The calibration options of GPTQ, shared by ``python -m qat.gptq_s3d8`` and ``convert/to_gguf.py
+    --calibration`` (``when``: a prefix of the help texts, e.g. "with --calibration: "); torch-free, so the
+    converter's start-up does not import torch."""
+    p.add_argument("--calibration-tokens", type=int, default=32768, metavar="N",
+                   help=f"{when}calibration tokens, at most (default %(default)s)")
+    p.add_argument("--calibration-seq-len", type=int, default=512, metavar="L",
+                   help=f"{when}tokens per calibration sequence (default %(default)s)")
+    p.add_argument("--gptq-damp", type=float, default=0.05, metavar="D",
+                   help=f"{when}GPTQ damping, fraction of mean(diag H) (default %(default)s, the reference's)")
 
 
 def read_gptq_file(path: Path) -> object:

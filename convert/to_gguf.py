@@ -28,6 +28,7 @@ from typing import Sequence
 
 from .common import ConversionOptions, ConversionReport, ModelSource, write_gguf
 from .errors import ConvertError, read_json
+from .gptq_checkpoint import add_calibration_options
 from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8_ENCODERS, S3D8Options
 
 _GGUF_MAGIC = b"GGUF"
@@ -108,12 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run GPTQ first (qat.gptq_s3d8; needs torch and an HF directory as MODEL) on this calibration "
                         "data - plain text, or a qat.generate JSONL (mllama: samples with images) - and write its "
                         "containers; see also --calibration-tokens, --calibration-seq-len, --gptq-damp")
-    p.add_argument("--calibration-tokens", type=int, default=32768, metavar="N",
-                   help="with --calibration: calibration tokens, at most (default %(default)s)")
-    p.add_argument("--calibration-seq-len", type=int, default=512, metavar="L",
-                   help="with --calibration: tokens per calibration sequence (default %(default)s)")
-    p.add_argument("--gptq-damp", type=float, default=0.05, metavar="D",
-                   help="with --calibration: GPTQ damping, fraction of mean(diag H) (default %(default)s)")
+    add_calibration_options(p, when="with --calibration: ")
     p.add_argument("--tokenizer-pre", metavar="NAME", default=None,
                    help="llama.cpp pre-tokenizer name (tokenizer.ggml.pre) when it cannot be detected, "
                         "e.g. llama-bpe or smollm")

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from convert.gptq_checkpoint import add_calibration_options
 from qat.gptq import GPTQConfig, GPTQStats, collect_hessians, gptq_quantise
 
 PRODUCER = "gptq-iw1"
@@ -57,10 +58,8 @@ class FrozenS3D8Quantiser:
     def __init__(self, codebook: np.ndarray, scales_bf16: np.ndarray) -> None:
         from gguf_s3d8.scales import scales_to_fp32
 
-        self.codebook_u8 = np.asarray(codebook, dtype=np.uint8)
-        self.scales_bf16 = np.asarray(scales_bf16, dtype=np.uint16)
-        self._codebook = torch.from_numpy(self.codebook_u8.copy())
-        self._alpha = torch.from_numpy(scales_to_fp32(self.scales_bf16).astype(np.float32))
+        self._codebook = torch.from_numpy(np.array(codebook, dtype=np.uint8))
+        self._alpha = torch.from_numpy(scales_to_fp32(np.asarray(scales_bf16, dtype=np.uint16)).astype(np.float32))
 
     def group_params(self, cols: torch.Tensor) -> None:
         return None
@@ -134,7 +133,7 @@ def read_calibration(model_dir: Path, path: Path, *, tokens: int, seq_len: int) 
     if not path.is_file():
         raise GPTQError(f"{path}: no such calibration file")
     if tokens < 1 or seq_len < 2:
-        raise GPTQError("--calibration-tokens must be >= 1 and --seq-len >= 2")
+        raise GPTQError("--calibration-tokens must be >= 1 and --calibration-seq-len >= 2")
     try:
         mllama = model_type(model_dir) == "mllama"
     except TrainError as e:
@@ -142,7 +141,7 @@ def read_calibration(model_dir: Path, path: Path, *, tokens: int, seq_len: int) 
     raw = path.read_bytes()
     sha = hashlib.sha256(raw).hexdigest()
     if path.suffix == ".jsonl":
-        return _jsonl_calibration(model_dir, path, sha, tokens=tokens, seq_len=seq_len, mllama=mllama)
+        return _jsonl_calibration(model_dir, path, sha, tokens=tokens, seq_len=seq_len)
     if mllama:
         raise GPTQError(f"{path}: Llama 3.2 Vision needs calibration samples with images - a qat.generate JSONL "
                         "(python -m qat.generate --model DIR --out calib.jsonl), not plain text")
@@ -160,35 +159,21 @@ def read_calibration(model_dir: Path, path: Path, *, tokens: int, seq_len: int) 
     return Calibration(batches, n_win * seq_len, str(path), sha, {"kind": "text", "windows": n_win, "seq_len": seq_len})
 
 
-def _jsonl_calibration(model_dir: Path, path: Path, sha: str, *, tokens: int, seq_len: int,
-                       mllama: bool) -> Calibration:
+def _jsonl_calibration(model_dir: Path, path: Path, sha: str, *, tokens: int, seq_len: int) -> Calibration:
     from qat.data import read_samples
-    from qat.train import Batcher, TrainError, tokenise_samples
+    from qat.train import TrainError, sample_inputs, tokenise_samples
 
     try:
         samples = read_samples(path)
     except (ValueError, OSError) as e:
         raise GPTQError(f"{path}: cannot read the samples ({e})") from e
-    if mllama:
-        from transformers import AutoConfig, AutoProcessor
-
-        processor = AutoProcessor.from_pretrained(model_dir)
-        tokenizer = processor.tokenizer
-        cfg = AutoConfig.from_pretrained(model_dir)
-        image_token_id: int | None = int(cfg.image_token_index)
-        tiles = int(cfg.vision_config.max_num_tiles)
-    else:
-        from transformers import AutoTokenizer
-
-        processor, tokenizer, image_token_id, tiles = None, AutoTokenizer.from_pretrained(model_dir), None, 4
+    tokenizer, batcher, image_token_id = sample_inputs(model_dir)
     try:
         examples = tokenise_samples(samples, tokenizer, seq_len, image_token_id)
     except TrainError as e:
         raise GPTQError(str(e)) from e
     if not examples:
         raise GPTQError(f"{path}: no sample fits --seq-len {seq_len}")
-    batcher = Batcher(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0, processor,
-                      image_token_id, tiles)
     batches, n = [], 0
     for e in examples:
         if n >= tokens:
@@ -263,11 +248,11 @@ def gptq_s3d8_model(model_dir: Path, calibration: Calibration, *, fallback_type:
     # the Linear that computes with each S3D8 weight (a tied embedding: the LM head sharing it)
     linears: dict[str, nn.Linear] = {}
     by_param = {id(params[name]): name for name in specs}
-    for mod_name, mod in model.named_modules():
+    for mod in model.modules():
         if isinstance(mod, nn.Linear) and id(mod.weight) in by_param:
             linears.setdefault(by_param[id(mod.weight)], mod)
     bar = (lambda it, **kw: tqdm(it, **kw)) if progress else (lambda it, **kw: it)
-    hessians = collect_hessians(model, calibration.batches, modules={n: m for n, m in linears.items()},
+    hessians = collect_hessians(model, calibration.batches, modules=dict(linears),
                                 progress=lambda b: bar(b, desc="Calibration", total=len(calibration.batches), leave=False),
                                 stop_early=True)
     t_h = time.time() - t0
@@ -323,16 +308,6 @@ the same data), and write the finished containers for
 """
 
 
-def add_calibration_options(p: argparse.ArgumentParser) -> None:
-    """The calibration options shared with ``convert/to_gguf.py --calibration``."""
-    p.add_argument("--calibration-tokens", type=int, default=32768, metavar="N",
-                   help="calibration tokens to use, at most (default %(default)s)")
-    p.add_argument("--calibration-seq-len", type=int, default=512, metavar="L",
-                   help="tokens per calibration sequence (default %(default)s)")
-    p.add_argument("--gptq-damp", type=float, default=GPTQConfig.damp,
-                   help="GPTQ damping, fraction of mean(diag H) (default %(default)s)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m qat.gptq_s3d8", description=_DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -340,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration", type=Path, required=True, metavar="FILE",
                    help="plain text (UTF-8) or a qat.generate JSONL (required for mllama: samples with images)")
     p.add_argument("-o", "--out", type=Path, required=True, metavar="FILE", help="S3D8 tensor file to write (.safetensors)")
-    add_calibration_options(p)
+    add_calibration_options(p)  # convert.gptq_checkpoint: the converter's --calibration takes the same
     p.add_argument("--fallback-type", choices=("q8_0", "f16", "bf16", "f32"), default="q8_0",
                    help="the converter's --fallback-type (decides which matrices are S3D8; default %(default)s)")
     p.add_argument("--vision-type", choices=("s3d8", "q8_0", "f16", "bf16", "f32"), default="s3d8",

@@ -17,6 +17,8 @@ checks it on random and adversarial matrices); the codec stays the definition:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from gguf_s3d8.constants import ACT_QMAX, N_CENTROIDS, SCALE_DIVISOR, VECTOR_DIM
@@ -53,16 +55,11 @@ def triples(w_norm: torch.Tensor) -> torch.Tensor:
     return w_norm.reshape(-1, VECTOR_DIM, k)
 
 
-def _normative_argmin(p0: torch.Tensor, p1: torch.Tensor, p2: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """The format's search: fp32 ``((C0-a0)^2 + (C1-a1)^2) + (C2-a2)^2``, strict ``<`` (ties to the lowest)."""
+def _first_argmin(distances: Iterator[torch.Tensor]) -> torch.Tensor:
+    """Index (int64) of the smallest of the entries' distance tensors, in order; the running minimum is replaced
+    on a strict ``<`` only, so ties go to the lowest index (the format's rule)."""
     best = idx = None
-    for l in range(c.shape[0]):
-        t = c[l, 0] - p0
-        d = t * t
-        t = c[l, 1] - p1
-        d = d + t * t
-        t = c[l, 2] - p2
-        d = d + t * t
+    for l, d in enumerate(distances):
         if best is None:
             best, idx = d, torch.zeros_like(d, dtype=torch.int64)
         else:
@@ -71,6 +68,19 @@ def _normative_argmin(p0: torch.Tensor, p1: torch.Tensor, p2: torch.Tensor, c: t
             best = torch.where(lt, d, best)
     assert idx is not None
     return idx
+
+
+def _normative_argmin(p0: torch.Tensor, p1: torch.Tensor, p2: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """The format's search: fp32 ``((C0-a0)^2 + (C1-a1)^2) + (C2-a2)^2``, strict ``<`` (ties to the lowest)."""
+    def dist(l: int) -> torch.Tensor:
+        t = c[l, 0] - p0
+        d = t * t
+        t = c[l, 1] - p1
+        d = d + t * t
+        t = c[l, 2] - p2
+        return d + t * t
+
+    return _first_argmin(dist(l) for l in range(c.shape[0]))
 
 
 def nearest_centroid(a0: torch.Tensor, a1: torch.Tensor, a2: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
@@ -147,20 +157,16 @@ def s3d8_weight_space_values(w: torch.Tensor, codebook: torch.Tensor, alpha: tor
     al3 = torch.cat([al, al.new_zeros(pad)]).reshape(-1, VECTOR_DIM)  # (P, 3)
     a = rows.abs()
     cb = codebook.to(device=w.device, dtype=torch.float32)
-    best = idx = None
-    for l in range(N_CENTROIDS):
+
+    def dist(l: int) -> torch.Tensor:  # weight space: t = a_d - alpha_d * C_d
         t = a[:, 0] - (al3[:, 0] * cb[l, 0])[:, None]
         d = t * t
         for dim in (1, 2):
             t = a[:, dim] - (al3[:, dim] * cb[l, dim])[:, None]
             d = d + t * t
-        if best is None:
-            best, idx = d, torch.zeros_like(d, dtype=torch.int64)
-        else:
-            lt = d < best
-            idx = torch.where(lt, l, idx)
-            best = torch.where(lt, d, best)
-    assert idx is not None
+        return d
+
+    idx = _first_argmin(dist(l) for l in range(N_CENTROIDS))
     mag = cb[idx].permute(0, 2, 1)  # (P, 3, c)
     signed = torch.where((rows < 0) & (al3[:, :, None] != 0), -mag, mag) + 0.0  # int8 codes have no -0
     return (al3[:, :, None] * signed).reshape(-1, c)[:n]

@@ -150,6 +150,23 @@ class Batcher:
         return inputs, mask
 
 
+def sample_inputs(teacher: Path) -> tuple[Any, Batcher, int | None]:
+    """The teacher's tokenizer, a :class:`Batcher` for its samples and its image token id (mllama; None for a text
+    model, whose samples have no image)."""
+    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
+
+    if model_type(teacher) != "mllama":
+        tokenizer = AutoTokenizer.from_pretrained(teacher)
+        processor, image_token_id, max_num_tiles = None, None, 4
+    else:
+        processor = AutoProcessor.from_pretrained(teacher)
+        tokenizer = processor.tokenizer
+        cfg = AutoConfig.from_pretrained(teacher)
+        image_token_id, max_num_tiles = int(cfg.image_token_index), int(cfg.vision_config.max_num_tiles)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return tokenizer, Batcher(pad_id, processor, image_token_id, max_num_tiles), image_token_id
+
+
 def n_loss_tokens(examples: Sequence[Example]) -> int:
     return sum(len(e.ids) - 1 - e.first_loss_pos for e in examples)
 
@@ -512,23 +529,12 @@ def train(args: argparse.Namespace) -> list[float]:
         for tmp in remove_stale_checkpoint_tmps(ck_path):
             print(f"removed {tmp}, the temporary file of a run killed while saving", file=sys.stderr)
 
-    from transformers import AutoProcessor, AutoTokenizer, get_scheduler
+    from transformers import get_scheduler
 
     from qat.data import read_samples
 
     mllama = model_type(args.teacher) == "mllama"
-    if mllama:
-        from transformers import AutoConfig
-
-        processor = AutoProcessor.from_pretrained(args.teacher)
-        tokenizer = processor.tokenizer
-        cfg = AutoConfig.from_pretrained(args.teacher)
-        image_token_id: int | None = int(cfg.image_token_index)
-        max_num_tiles = int(cfg.vision_config.max_num_tiles)
-    else:
-        processor, tokenizer, image_token_id, max_num_tiles = None, AutoTokenizer.from_pretrained(args.teacher), None, 4
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    batcher = Batcher(pad_id, processor, image_token_id, max_num_tiles)
+    tokenizer, batcher, image_token_id = sample_inputs(args.teacher)
     if not args.data.is_file():
         raise TrainError(f"{args.data}: no such data file")
     examples = tokenise_samples(read_samples(args.data), tokenizer, args.seq_len, image_token_id)

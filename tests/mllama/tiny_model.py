@@ -148,6 +148,21 @@ def build_tokenizer():
     return fast
 
 
+def token_bytes(tok, ids: list[int]) -> bytes:
+    """The bytes that tokens of a byte-level BPE tokenizer (this module's toy one) stand for, through GPT-2's
+    byte <-> printable character map; the answer of a random model need not be valid UTF-8, so tests compare bytes."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    byte_of = {chr(c): b for b, c in zip(bs, cs)}
+    return b"".join(bytes(byte_of[c] for c in piece) for piece in tok.convert_ids_to_tokens(ids))
+
+
 def image_processor():
     from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil
 

@@ -175,27 +175,13 @@ def test_mtmd_cli_answers_like_transformers(hf_model, model_dir, gguf_f32, tmp_p
     # tests above): it generates these tokens if no decision up to the end of the answer is a near tie within TOL
     assert_decisive_chain(reference_decisions(ref)[: len(answer) + 1], TOL, what="mtmd-cli answer")
     # the answer of a random model is a few byte-level tokens, not necessarily valid UTF-8: compare the bytes
-    byte_of = {c: b for b, c in _bytes_to_unicode().items()}
-    expected = b"".join(bytes(byte_of[c] for c in piece) for piece in tok.convert_ids_to_tokens(answer))
+    expected = T.token_bytes(tok, answer)
 
     cmd = [str(harness.binary("llama-mtmd-cli")), "-m", str(text), "--mmproj", str(mmproj), "--image", str(path),
            "-p", question, "-n", "8", "--temp", "0", "-t", "2", "-ctk", "f32", "-ctv", "f32", "-fa", "off"]
     p = subprocess.run(cmd, capture_output=True, timeout=120)
     assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
     assert p.stdout.strip(b"\n") == expected.strip(b"\n")
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet (the byte -> printable character map of the ByteLevel pre-tokenizer)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
 
 
 def test_state_roundtrip(gguf_f32, tmp_path):

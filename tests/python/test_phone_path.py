@@ -136,20 +136,6 @@ def tool(variant: str | None, name: str) -> list[str]:
 # models
 
 
-def bytes_of_tokens(tok, ids: list[int]) -> bytes:
-    """The bytes a byte-level BPE tokenizer's tokens stand for (GPT-2's byte <-> printable character map)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    byte_of = {chr(c): b for b, c in zip(bs, cs)}
-    return b"".join(bytes(byte_of[c] for c in piece) for piece in tok.convert_ids_to_tokens(ids))
-
-
 def chat_ids(tok, content) -> list[int]:
     enc = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True)
     return list(enc["input_ids"]) if hasattr(enc, "keys") else list(enc)
@@ -441,20 +427,25 @@ def test_llama_logits_against_x86(variant, tiny_llama, llama_x86, aarch64_dump):
 # --- llama-mtmd-cli on the tiny S3D8 Llama 3.2 Vision, with an image ----------------------------------
 
 
-def test_mllama_reference_is_decisive(tiny_mllama, mllama_x86):
+def decisive_answer(tiny_mllama, mllama_x86) -> tuple[int, bytes]:
+    """The number n of leading greedy decisions of the x86 reference outside the noise bound (at least
+    MIN_MTMD_TOKENS, asserted) and the bytes of those tokens (end-of-turn tokens left out)."""
     n = leading_decisive(mllama_x86, TOL)
     assert n >= MIN_MTMD_TOKENS, (f"only {n} greedy decisions of the x86 reference lie outside the noise bound, "
                                   f"{MIN_MTMD_TOKENS} needed: the image or the question must change")
     answer = [t for t in mllama_x86.tokens[:n] if t not in (T.EOT_ID, T.EOS_ID)]
-    assert mtmd_answer(None, tiny_mllama, n) == bytes_of_tokens(tiny_mllama.tok, answer).strip(b"\n")
+    return n, T.token_bytes(tiny_mllama.tok, answer).strip(b"\n")
+
+
+def test_mllama_reference_is_decisive(tiny_mllama, mllama_x86):
+    n, answer = decisive_answer(tiny_mllama, mllama_x86)
+    assert mtmd_answer(None, tiny_mllama, n) == answer
 
 
 @pytest.mark.parametrize("variant", VARIANT_PARAMS)
 def test_mtmd_cli_answers_like_x86(variant, tiny_mllama, mllama_x86):
-    n = leading_decisive(mllama_x86, TOL)
-    assert n >= MIN_MTMD_TOKENS, f"the x86 reference decides only {n} tokens outside the noise bound"
-    answer = [t for t in mllama_x86.tokens[:n] if t not in (T.EOT_ID, T.EOS_ID)]
-    assert mtmd_answer(variant, tiny_mllama, n) == bytes_of_tokens(tiny_mllama.tok, answer).strip(b"\n")
+    n, answer = decisive_answer(tiny_mllama, mllama_x86)
+    assert mtmd_answer(variant, tiny_mllama, n) == answer
 
 
 @pytest.mark.parametrize("variant", VARIANT_PARAMS)
