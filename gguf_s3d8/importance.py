@@ -12,29 +12,30 @@ Steps, one matrix (n rows, k columns; rows grouped in triples, padding rows zero
    ones when there is no imatrix or it is all zero. Integer weights make every sum below exact, hence
    independent of summation order and thread count, and identical in C and numpy.
 2. **Importance-weighted codebook fit**: the reference fit (format §1: absmax scales, training points
-   ``rule(|w'|)`` over *all* 3-vectors, k-means++ then Lloyd, stop at <= 1e-3 changed) where the point of
-   triple p, column j counts ``v_j`` times. k-means++ draws from splitmix64 (seeded), Lloyd assigns in
-   fp32 (``t = x - c``, ``d = (t0^2 + t1^2) + t2^2``, ties to the lowest index) and takes exact integer
-   means: the same arithmetic as ``ggml_s3d8_fit_codebook`` in C (which skips provably unchanged points
-   with Hamerly's bounds; that never changes a label).
-3. **Per-triple scale search**: for each clip factor ``c_t = (50 - t) / 50`` (fp32), ``t = 0 ..
+   ``rule(|w'|)`` over *all* 3-vectors, k-means++ then Lloyd) where the point of triple p, column j counts
+   ``v_j`` times; with an importance it stops at <= 1e-2 of the weight changing cluster
+   (``IMPORTANCE_FIT_CHANGE_THRESHOLD``), without one at the reference fit's 1e-3. k-means++ draws from
+   splitmix64 (seeded), Lloyd assigns in fp32 (``t = x - c``, ``d = (t0^2 + t1^2) + t2^2``, ties to the lowest
+   index) and takes exact integer means: the same arithmetic as ``ggml_s3d8_fit_codebook`` in C (which skips
+   provably unchanged points with Hamerly's bounds; that never changes a label).
+3. **Per-triple scale search**: for a clip factor ``c_t = (50 - t) / 50`` (fp32), ``t`` in ``0 ..
    CLIP_STEPS-1``, the triple's three scales are ``bf16(fp32(absmax_i / 127) * c_t)``; every column takes the
    centroid with the least squared error *in weight space* ``sum_d (|W_dj| - alpha_d C[l][d])^2`` (fp32,
    same evaluation order, ties to the lowest index), and the triple's error is
-   ``sum_j v_j * err_j`` accumulated left to right in float64. The smallest error wins (ties: the larger
-   scale, lowest t).
-4. **Refit**: the codebook is fitted again (step 2's procedure, same seed) on ``|W| / alpha`` with the
-   scales chosen in step 3, and step 3 runs once more with the new codebook.
-5. **Lloyd in weight space** (``WEIGHT_SPACE_ITERATIONS`` rounds): every column takes its best entry in
+   ``sum_j v_j * err_j`` accumulated left to right in float64. Coarse to fine: ``t = 0, 3, .., 18``
+   (``CLIP_COARSE``), then the best of those, ``t*``, against ``t* - 1, t* + 1, t* - 2, t* + 2`` (those in
+   range), in that order; a later ``t`` wins only with a strictly smaller error (so ties keep the coarse
+   pass's lowest ``t``, the larger scale).
+4. **Lloyd in weight space** (``WEIGHT_SPACE_ITERATIONS`` rounds): every column takes its best entry in
    weight space under the rounded codebook, then each centroid component becomes the importance-weighted
    least-squares value ``C[l][d] = sum v_j alpha_d |W_dj| / sum v_j alpha_d^2`` over the columns that chose
    it (float64 sums in the order triple by triple, column by column; an unused entry keeps its value);
    the codebook is the result rounded to the nearest integer (ties to even) in 0..127. Step 3 runs a last
    time with it.
-6. **Encode**: the chosen scales, the codebook, each column's index from step 3's weight-space rule and the
+5. **Encode**: the chosen scales, the codebook, each column's index from step 3's weight-space rule and the
    signs ``W < 0`` (rows whose scale is 0 store zeros with positive signs, as in the reference encoder).
 
-Without an importance (None, or all zero) steps 3-5 are skipped (absmax scales, step 2's fit on all vectors,
+Without an importance (None, or all zero) steps 3-4 are skipped (absmax scales, step 2's fit on all vectors,
 assignment in weight space): with uniform weights the clipped scales and the weight-space Lloyd minimise the
 plain weight MSE, and that made SmolLM2 much worse (KLD 1.85 against 1.04 of the reference encoder).
 
@@ -81,10 +82,12 @@ IMPORTANCE_SCALE = 1 << 16
 #: Clip factors searched per triple: c_t = (50 - t) / 50 for t = 0 .. CLIP_STEPS - 1 (1.00 down to 0.60).
 CLIP_STEPS = 21
 CLIP_DENOMINATOR = 50
-#: Rounds of (scale search, codebook refit) before the final search.
-REFIT_ROUNDS = 1
-#: Lloyd iterations in weight space (step 5).
-WEIGHT_SPACE_ITERATIONS = 10
+#: Stride of the coarse pass of the scale search (t = 0, 3, .., 18; then t* -+ 1, t* -+ 2).
+CLIP_COARSE = 3
+#: With an importance the codebook fit stops when at most this fraction of the weight changes cluster.
+IMPORTANCE_FIT_CHANGE_THRESHOLD = 1e-2
+#: Lloyd iterations in weight space (step 4).
+WEIGHT_SPACE_ITERATIONS = 5
 
 _GRID = CENTROID_MAX + 1
 _TRIPLES_PER_CHUNK = 64
@@ -212,11 +215,12 @@ def lloyd_fp32(points: F64, counts: I64, centroids: F64, *, threshold: float = F
     return c
 
 
-def fit_codebook_weighted(w: F32, alpha: F32, weights: I64, *, rule: str, seed: int) -> U8:
+def fit_codebook_weighted(w: F32, alpha: F32, weights: I64, *, rule: str, seed: int,
+                          threshold: float = FIT_CHANGE_THRESHOLD) -> U8:
     """Step 2: the (32, 3) codebook fitted on ``rule(|W| / alpha)``, each point weighted by its column."""
     points, counts = weighted_histogram(w, alpha, weights, rule)
     init = kmeans_plus_plus_splitmix(points, counts, SplitMix64(seed))
-    return apply_centroid_rule(lloyd_fp32(points, counts, init), rule).astype(np.uint8)
+    return apply_centroid_rule(lloyd_fp32(points, counts, init, threshold=threshold), rule).astype(np.uint8)
 
 
 def assign_weight_space(a: F32, alpha: F32, cb32: F32) -> tuple[U8, F32]:
@@ -275,27 +279,47 @@ def base_scales(w: F32) -> F32:
     return (amax / np.float32(SCALE_DIVISOR)).reshape(-1, VECTOR_DIM)
 
 
+def clip_search_order(steps: int = CLIP_STEPS, coarse: int = CLIP_COARSE) -> tuple[list[int], list[int]]:
+    """The scale search's clip steps: the coarse pass ``t = 0, coarse, ..`` and the offsets from its best
+    ``t*`` tried afterwards, in order (``-1, +1, -2, +2, ..``)."""
+    offsets = [sign * d for d in range(1, coarse) for sign in (-1, 1)]
+    return list(range(0, steps, coarse)), offsets
+
+
 def search_scales(w: F32, base: F32, codebook: U8, weights: I64, steps: int = CLIP_STEPS) -> F32:
     """Step 3: per triple, the clipped bf16 scales (P, 3) with the least importance-weighted error."""
     factors = clip_factors(steps)
+    coarse, offsets = clip_search_order(steps)
     cb32 = codebook.astype(np.float32)
     out = np.empty_like(base)
     for p0, p1 in _chunks(w.shape[0]):
         a = np.abs(_padded_triples(w, p0, p1))
         best_e = np.full(p1 - p0, np.inf)
-        for c in factors:
-            alpha = bf16_round(base[p0:p1] * c)
+        best_t = np.zeros(p1 - p0, dtype=np.int64)
+
+        def consider(t: I64, valid: npt.NDArray[np.bool_], coarse_pass: bool) -> None:
+            alpha = bf16_round(base[p0:p1] * factors[np.clip(t, 0, steps - 1)][:, None])
             _, err = assign_weight_space(a, alpha, cb32)
             e = _triple_error(err, weights)
-            better = e < best_e
+            better = valid & (e < best_e)
             out[p0:p1][better] = alpha[better]
-            best_e = np.where(better, e, best_e)
+            best_e[better] = e[better]
+            if coarse_pass:
+                best_t[better] = t[better]
+
+        everywhere = np.ones(p1 - p0, dtype=bool)
+        for t in coarse:
+            consider(np.full(p1 - p0, t, dtype=np.int64), everywhere, True)
+        t_star = best_t.copy()
+        for off in offsets:
+            t = t_star + off
+            consider(t, (t >= 0) & (t < steps), False)
     return out
 
 
 def refine_codebook_weight_space(w: F32, alpha: F32, codebook: U8, weights: I64,
                                  iterations: int = WEIGHT_SPACE_ITERATIONS) -> U8:
-    """Step 5: Lloyd iterations on the importance-weighted error in weight space, scales fixed."""
+    """Step 4: Lloyd iterations on the importance-weighted error in weight space, scales fixed."""
     c = codebook.astype(np.float64)
     wf = weights.astype(np.float64)
     for _ in range(iterations):
@@ -339,11 +363,9 @@ def quantize_s3d8_importance(w: npt.ArrayLike, importance: npt.ArrayLike | None 
     weighted = importance is not None and bool(np.asarray(importance, dtype=np.float32).max() > 0)
     base = base_scales(arr)
     alpha = bf16_round(base)
-    codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed)
+    threshold = IMPORTANCE_FIT_CHANGE_THRESHOLD if weighted else FIT_CHANGE_THRESHOLD
+    codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed, threshold=threshold)
     if weighted:
-        for _ in range(REFIT_ROUNDS):
-            alpha = search_scales(arr, base, codebook, weights)
-            codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed)
         alpha = search_scales(arr, base, codebook, weights)
         codebook = refine_codebook_weight_space(arr, alpha, codebook, weights)
         alpha = search_scales(arr, base, codebook, weights)
@@ -351,7 +373,7 @@ def quantize_s3d8_importance(w: npt.ArrayLike, importance: npt.ArrayLike | None 
 
 
 def _encode_weight_space(arr: F32, alpha: F32, codebook: U8, name: str) -> U8:
-    """Step 6: the container of ``arr`` under the (P, 3) scales and the codebook (weight-space indices)."""
+    """Step 5: the container of ``arr`` under the (P, 3) scales and the codebook (weight-space indices)."""
     n, k = arr.shape
     scales = fp32_to_bf16_bits(alpha.reshape(-1)[:n])
     container, body = allocate_container(k, n, codebook, scales, name=name)
@@ -369,7 +391,7 @@ def _encode_weight_space(arr: F32, alpha: F32, codebook: U8, name: str) -> U8:
 def quantize_s3d8_with_scales(w: npt.ArrayLike, codebook: npt.ArrayLike, scales_bf16: npt.ArrayLike, *,
                               name: str = "") -> U8:
     """Encode ``w`` (n, k) with a given (32, 3) codebook and row scales (n,) (bf16 bit patterns, uint16): iw1's
-    step 6 (indices by the weight-space rule, signs of ``w``). Returns the container (n, 43k/128).
+    step 5 (indices by the weight-space rule, signs of ``w``). Returns the container (n, 43k/128).
 
     For values that such a container stores (``alpha_i * (+-C)``, e.g. a GPTQ result, :func:`weight_space_values`)
     this gives back the same values bit for bit: their own entry is at distance 0.

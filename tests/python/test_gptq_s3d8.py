@@ -65,7 +65,7 @@ def test_weight_space_values_are_what_the_container_stores(start) -> None:
 def test_encoding_with_given_scales_reproduces_stored_values(start) -> None:
     w, _, c = start
     parts = read_container(c)
-    assert np.array_equal(quantize_s3d8_with_scales(w, parts.codebook, parts.scales_bf16), c)  # iw1's step 6
+    assert np.array_equal(quantize_s3d8_with_scales(w, parts.codebook, parts.scales_bf16), c)  # iw1's step 5
     values = gguf_s3d8.dequantize_s3d8(c)
     again = quantize_s3d8_with_scales(values, parts.codebook, parts.scales_bf16)
     assert np.array_equal(_bits(gguf_s3d8.dequantize_s3d8(again)), _bits(values))
