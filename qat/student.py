@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 import torch
@@ -136,9 +136,11 @@ Placement = tuple[str, tuple[int, ...], str, "torch.Tensor | None"]
 
 
 def _plan(model: nn.Module, place: Callable[[str, torch.Tensor], Placement], *, centroid_rule: str | None,
-          seed: int, progress: bool, fit_codebooks: bool = True) -> dict[str, WeightSpec]:
+          seed: int, progress: bool, fit_codebooks: bool = True,
+          given_codebooks: Collection[str] = ()) -> dict[str, WeightSpec]:
     """A spec per distinct Linear/Embedding weight (tied weights once, under the first name), placed by ``place``;
-    S3D8 codebooks are fitted on the weight in the GGUF's row order (left None without ``fit_codebooks``)."""
+    S3D8 codebooks are fitted on the weight in the GGUF's row order (left None without ``fit_codebooks``, and for
+    the GGUF names in ``given_codebooks``, whose codebooks the caller sets, e.g. :func:`start_from_containers`)."""
     import gguf_s3d8
     from tqdm import tqdm
 
@@ -156,7 +158,7 @@ def _plan(model: nn.Module, place: Callable[[str, torch.Tensor], Placement], *, 
         if qtype != "f32" and tuple(w.shape) != tuple(gguf_shape):
             raise ValueError(f"{hf_name}: shape {tuple(w.shape)}, the converter writes {gguf_name} as {gguf_shape}")
         codebook = None
-        if qtype == "s3d8" and fit_codebooks:
+        if qtype == "s3d8" and fit_codebooks and gguf_name not in given_codebooks:
             w_gguf = (w if perm is None else w[perm]).numpy()
             codebook = torch.from_numpy(gguf_s3d8.fit_codebook(w_gguf, centroid_rule=rule, seed=seed, name=gguf_name))
         specs[hf_name] = WeightSpec(hf_name, gguf_name, qtype, perm, codebook)
@@ -171,7 +173,8 @@ def _row_permutation(layout: Callable[[str, np.ndarray], np.ndarray], hf_name: s
 
 
 def plan_weights(model: nn.Module, *, fallback_type: str = "q8_0", centroid_rule: str | None = None,
-                 seed: int = 0, progress: bool = False, fit_codebooks: bool = True) -> dict[str, WeightSpec]:
+                 seed: int = 0, progress: bool = False, fit_codebooks: bool = True,
+                 given_codebooks: Collection[str] = ()) -> dict[str, WeightSpec]:
     """A :class:`WeightSpec` per Linear/Embedding weight of an HF Llama (keyed by HF parameter name).
 
     Tied weights (``lm_head.weight`` sharing ``model.embed_tokens.weight``) get one spec, under the name the
@@ -194,12 +197,14 @@ def plan_weights(model: nn.Module, *, fallback_type: str = "q8_0", centroid_rule
         qtype = choose_type(gguf_name, tuple(w.shape), "s3d8", fallback_type).qtype.name.lower()
         return gguf_name, tuple(w.shape), qtype, perm
 
-    return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress, fit_codebooks=fit_codebooks)
+    return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress, fit_codebooks=fit_codebooks,
+                 given_codebooks=given_codebooks)
 
 
 def plan_weights_from_sources(model: nn.Module, parts: Sequence[tuple[Any, str]], *, fallback_type: str = "q8_0",
                               centroid_rule: str | None = None, seed: int = 0,
-                              progress: bool = False, fit_codebooks: bool = True) -> dict[str, WeightSpec]:
+                              progress: bool = False, fit_codebooks: bool = True,
+                              given_codebooks: Collection[str] = ()) -> dict[str, WeightSpec]:
     """A :class:`WeightSpec` per Linear/Embedding weight, planned from the converter's own sources.
 
     ``parts`` pairs each output file's source (``convert.mllama.text_source`` / ``vision_source``: tensor jobs,
@@ -226,7 +231,8 @@ def plan_weights_from_sources(model: nn.Module, parts: Sequence[tuple[Any, str]]
         perm = None if qtype == "f32" else _row_permutation(source.layout, job.source, w.shape[0])
         return job.name, tuple(job.shape), qtype, perm
 
-    return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress, fit_codebooks=fit_codebooks)
+    return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress, fit_codebooks=fit_codebooks,
+                 given_codebooks=given_codebooks)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, Collection, NoReturn, Sequence
 
 import numpy as np
 import torch
@@ -224,10 +224,12 @@ def load_teacher(path: Path) -> nn.Module:
 
 def build_student(teacher_dir: Path, *, specs_state: dict[str, Any] | None = None, fallback_type: str = "q8_0",
                   centroid_rule: str | None = None, seed: int = 0, act_quant: bool = True,
-                  progress: bool = False, vision_type: str = "s3d8", weight_format: str | None = None) -> nn.Module:
+                  progress: bool = False, vision_type: str = "s3d8", weight_format: str | None = None,
+                  given_codebooks: Collection[str] = ()) -> nn.Module:
     """A fresh fp32 copy of the teacher with every Linear/Embedding fake-quantised.
 
-    Codebooks are fitted here (once) unless ``specs_state`` (from a checkpoint) provides them. ``vision_type``:
+    Codebooks are fitted here (once) unless ``specs_state`` (from a checkpoint) provides them; not for the GGUF
+    names in ``given_codebooks`` (``--init-from``: :func:`start_from_file` sets them). ``vision_type``:
     the type of the mllama vision encoder and projector matrices (the converter's ``--mmproj-type``).
     ``weight_format``: a simulation student of that ``qat.formats`` id (:func:`qat.student.plan_format`; the
     tables / codebooks fitted here unless ``specs_state`` has them) instead of the GGUF student.
@@ -245,24 +247,34 @@ def build_student(teacher_dir: Path, *, specs_state: dict[str, Any] | None = Non
 
         specs = plan_weights_from_sources(model, [(text_source(teacher_dir), "s3d8"), (vision_source(teacher_dir), vision_type)],
                                           fallback_type=fallback_type, centroid_rule=centroid_rule, seed=seed,
-                                          progress=progress)
+                                          progress=progress, given_codebooks=given_codebooks)
     elif specs_state is None:
         specs = plan_weights(model, fallback_type=fallback_type, centroid_rule=centroid_rule, seed=seed,
-                             progress=progress)
+                             progress=progress, given_codebooks=given_codebooks)
     else:
         specs = {k: spec_from_state(v) for k, v in specs_state.items()}
     return quantise_student(model, specs, act_quant=act_quant)
 
 
-def start_from_file(student: nn.Module, path: Path, *, announce: bool = True) -> list[str]:
-    """``--init-from``: start the S3D8 weights from the containers of an S3D8 tensor file (qat.student)."""
+def read_start_file(path: Path) -> Any:
+    """The S3D8 tensor file of ``--init-from`` (``gguf_s3d8.tensor_file``), or a TrainError naming it."""
     from gguf_s3d8.tensor_file import S3D8TensorFileError, read_s3d8_tensors
-    from qat.student import start_from_containers
 
     try:
-        tensors = read_s3d8_tensors(path)
+        return read_s3d8_tensors(path)
+    except S3D8TensorFileError as e:
+        raise TrainError(f"--init-from {path}: {e}") from e
+
+
+def start_from_file(student: nn.Module, path: Path, *, announce: bool = True, tensors: Any = None) -> list[str]:
+    """``--init-from``: start the S3D8 weights from the containers of an S3D8 tensor file (qat.student);
+    ``tensors``: the file already read (:func:`read_start_file`)."""
+    from qat.student import start_from_containers
+
+    tensors = read_start_file(path) if tensors is None else tensors
+    try:
         done, other = start_from_containers(student, tensors)
-    except (S3D8TensorFileError, ValueError) as e:
+    except ValueError as e:
         raise TrainError(f"--init-from {path}: {e}") from e
     unused = sorted(set(tensors.containers) - set(done))
     if unused:
@@ -550,13 +562,15 @@ def train(args: argparse.Namespace) -> list[float]:
             return "the GGUF S3D8 student (no --format)" if f is None else f"--format {f}"
         raise TrainError(f"{ck_path}: written for {what(ck.get('weight_format'))}, not {what(args.format)}")
     progress = not args.no_progress and rank == 0
+    start = read_start_file(args.init_from) if ck is None and args.init_from is not None else None
     student = build_student(args.teacher, specs_state=ck["specs"] if ck else None, fallback_type=args.fallback_type,
                             centroid_rule=args.centroid_rule, seed=args.seed, act_quant=not args.no_act_quant,
-                            progress=progress, vision_type=args.vision_type, weight_format=args.format)
+                            progress=progress, vision_type=args.vision_type, weight_format=args.format,
+                            given_codebooks=set(start.containers) if start is not None else ())
     if ck is not None:
         student.load_state_dict(ck["model"])
-    elif args.init_from is not None:
-        start_from_file(student, args.init_from, announce=rank == 0)
+    elif start is not None:
+        start_from_file(student, args.init_from, announce=rank == 0, tensors=start)
     if args.train_only == "s3d8":
         freeze_all_but_s3d8(student)
     teacher = load_teacher(args.teacher)

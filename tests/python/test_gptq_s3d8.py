@@ -221,8 +221,14 @@ def test_qat_from_the_gptq_start(tiny_run) -> None:
     from qat.train import build_student, load_checkpoint, main, start_from_file, student_from_checkpoint
 
     g = read_s3d8_tensors(tiny_run["gptq"])
-    s0 = build_student(tiny_run["teacher"])
+    s0 = build_student(tiny_run["teacher"], given_codebooks=set(g.containers))
+    quant = [m for m in s0.modules() if isinstance(m, (QuantLinear, QuantEmbedding))]
+    # no codebook is fitted for the weights the file starts (they would be discarded), every other one is (a tied
+    # embedding and output share one spec)
+    unfitted = sorted({m.spec.gguf_name for m in quant if m.spec.qtype == "s3d8" and m.spec.codebook is None})
+    assert unfitted == sorted(g.containers)
     assert sorted(start_from_file(s0, tiny_run["gptq"])) == sorted(g.containers)
+    assert all(m.spec.codebook is not None for m in quant if m.spec.qtype == "s3d8")
     for m in s0.modules():
         if isinstance(m, (QuantLinear, QuantEmbedding)) and m.spec.gguf_name in g.containers:
             v = fake_quant_weight(m.weight, m.spec).detach()
