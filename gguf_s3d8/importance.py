@@ -35,11 +35,9 @@ Steps, one matrix (n rows, k columns; rows grouped in triples, padding rows zero
 5. **Encode**: the chosen scales, the codebook, each column's index from step 3's weight-space rule and the
    signs ``W < 0`` (rows whose scale is 0 store zeros with positive signs, as in the reference encoder).
 
-Without an importance (None, or all zero) it is the reference encoder (absmax scales, normalised-space
-nearest entry: :func:`gguf_s3d8.quantize_s3d8_with_codebook`) with step 2's fit on all vectors and unit
-weights, as ``ggml_s3d8_fit_codebook``. Every weight-space step minimises the plain weight MSE then, and each
-made SmolLM2 worse than the reference encoder: KLD 1.85 with all of them, and with the weight-space
-assignment alone 1.11-1.71 against the reference's 1.01-1.26 over five seeds (docs/quality.md).
+Without an importance (None, or all zero) steps 3-4 are skipped (absmax scales, step 2's fit on all vectors,
+assignment in weight space): with uniform weights the clipped scales and the weight-space Lloyd minimise the
+plain weight MSE, and that made SmolLM2 much worse (KLD 1.85 against 1.04 of the reference encoder).
 
 ``llama-quantize --imatrix`` (``quantize_s3d8`` in ggml, patch 0001) runs the same algorithm; the two give
 byte-identical containers (tests/python/test_codec_importance.py compares them on real tensors).
@@ -69,7 +67,7 @@ from .eligibility import n_triples
 from .errors import S3D8InputError
 from .inputs import as_codebook, as_weight_matrix
 from .packing import pack_bytes
-from .quantize import check_eligible, quantize_s3d8_with_codebook
+from .quantize import check_eligible
 from .scales import normalise, scales_to_fp32
 
 F32 = npt.NDArray[np.float32]
@@ -365,14 +363,12 @@ def quantize_s3d8_importance(w: npt.ArrayLike, importance: npt.ArrayLike | None 
     weighted = importance is not None and bool(np.asarray(importance, dtype=np.float32).max() > 0)
     base = base_scales(arr)
     alpha = bf16_round(base)
-    if not weighted:  # the reference encoder, with the fit on all vectors (ggml_s3d8_fit_codebook)
-        codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed)
-        return quantize_s3d8_with_codebook(arr, codebook, name=name)
-    codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed,
-                                     threshold=IMPORTANCE_FIT_CHANGE_THRESHOLD)
-    alpha = search_scales(arr, base, codebook, weights)
-    codebook = refine_codebook_weight_space(arr, alpha, codebook, weights)
-    alpha = search_scales(arr, base, codebook, weights)
+    threshold = IMPORTANCE_FIT_CHANGE_THRESHOLD if weighted else FIT_CHANGE_THRESHOLD
+    codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed, threshold=threshold)
+    if weighted:
+        alpha = search_scales(arr, base, codebook, weights)
+        codebook = refine_codebook_weight_space(arr, alpha, codebook, weights)
+        alpha = search_scales(arr, base, codebook, weights)
     return _encode_weight_space(arr, alpha, codebook, name)
 
 

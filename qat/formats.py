@@ -53,6 +53,8 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 import torch
 
+from qat.numerics import absmax_bf16_scale, bf16_rne, safe_divide
+
 __all__ = [
     "WeightFormat",
     "GroupQuantiser",
@@ -65,7 +67,6 @@ __all__ = [
     "LloydMaxFormat",
     "S3D8Format",
     "S3D8Quantiser",
-    "bf16_rne",
     "int_range",
     "sqnr_db",
     "crd_t_table",
@@ -125,14 +126,6 @@ def direct_cast(q: GroupQuantiser, m: torch.Tensor) -> torch.Tensor:
 # helpers
 
 
-def bf16_rne(x: torch.Tensor) -> torch.Tensor:
-    """Round float32 to the nearest bfloat16 (ties to even) and return it as float32.
-
-    torch's float32 -> bfloat16 cast rounds to nearest even, as ggml's ``GGML_FP32_TO_BF16`` does.
-    """
-    return x.to(torch.float32).to(torch.bfloat16).to(torch.float32)
-
-
 def sqnr_db(w: torch.Tensor, w_hat: torch.Tensor) -> float:
     """Reconstruction SQNR in dB: 10 log10(sum w^2 / sum (w - w_hat)^2), accumulated in float64."""
     w64 = w.to(torch.float64)
@@ -173,16 +166,9 @@ def _blocked_absmax_scales(m: torch.Tensor, block: int | None, divisor: float) -
     nb = -(-k // g)
     padded = torch.nn.functional.pad(m, (0, nb * g - k)) if nb * g != k else m
     amax = padded.abs().reshape(rows, nb, g).amax(dim=-1, keepdim=True)
-    scale = bf16_rne(amax / divisor)
+    scale = absmax_bf16_scale(amax, divisor)
     scale_el = scale.expand(rows, nb, g).reshape(rows, nb * g)[:, :k]
-    u = torch.where(scale_el == 0, torch.zeros_like(m), m / torch.where(scale_el == 0, torch.ones_like(scale_el), scale_el))
-    return scale_el, u
-
-
-def _safe_div(cols: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """cols / scale, 0 where the scale is 0 (scale broadcasts over the columns)."""
-    scale = scale.expand_as(cols)
-    return torch.where(scale == 0, torch.zeros_like(cols), cols / torch.where(scale == 0, torch.ones_like(scale), scale))
+    return scale_el, safe_divide(m, scale_el)
 
 
 @dataclass(frozen=True)
@@ -199,11 +185,11 @@ class _TableQuantiser:
     hi: int = 0
 
     def group_params(self, cols: torch.Tensor) -> torch.Tensor:
-        return bf16_rne(cols.abs().amax(dim=1, keepdim=True) / self.divisor)
+        return absmax_bf16_scale(cols.abs().amax(dim=1, keepdim=True), self.divisor)
 
     def quantise_columns(self, cols: torch.Tensor, params: object) -> torch.Tensor:
         assert isinstance(params, torch.Tensor)
-        u = _safe_div(cols, params)
+        u = safe_divide(cols, params)
         if self.table is None:
             return torch.clamp(torch.round(u), self.lo, self.hi) * params  # torch.round: half to even
         return _nearest_level(u, self.table) * params
@@ -221,12 +207,12 @@ class _AffineIntQuantiser:
         xmin = cols.amin(dim=1, keepdim=True).clamp_max(0)
         xmax = cols.amax(dim=1, keepdim=True).clamp_min(0)
         scale = bf16_rne((xmax - xmin) / (self.levels - 1))
-        zero = torch.round(_safe_div(-xmin, scale)).clamp(0, self.levels - 1)
+        zero = torch.round(safe_divide(-xmin, scale)).clamp(0, self.levels - 1)
         return scale, zero
 
     def quantise_columns(self, cols: torch.Tensor, params: object) -> torch.Tensor:
         scale, zero = params  # type: ignore[misc]
-        code = torch.clamp(torch.round(_safe_div(cols, scale)) + zero, 0, self.levels - 1)
+        code = torch.clamp(torch.round(safe_divide(cols, scale)) + zero, 0, self.levels - 1)
         return (code - zero) * scale
 
 

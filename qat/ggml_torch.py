@@ -9,14 +9,16 @@ bit-exact with ggml's reference quantiser; :func:`q8_0_dequantised` reproduces
 
 At run time ggml's CPU matmul with a Q8_0 weight quantises the activations to Q8_0 blocks of 32 as well
 (``quantize_row_q8_0``; the x86 SIMD path rounds half to even), and an F16 weight multiplies f16-rounded
-activations: :func:`q8_0_activations` and :func:`f16_round` model those.
+activations: :func:`q8_0_activations` and :func:`qat.numerics.f16_round` model those.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["Q8_0_BLOCK", "q8_0_dequantised", "q8_0_activations", "f16_round"]
+from qat.numerics import safe_reciprocal
+
+__all__ = ["Q8_0_BLOCK", "q8_0_dequantised", "q8_0_activations"]
 
 Q8_0_BLOCK = 32
 
@@ -38,8 +40,7 @@ def q8_0_dequantised(w: torch.Tensor) -> torch.Tensor:
     """``dequantize(quantize(w, Q8_0))`` of gguf-py, bit for bit (any shape whose last axis is a multiple of 32)."""
     b = _blocks(w)
     d = b.abs().amax(dim=1, keepdim=True) / 127
-    inv = torch.where(d == 0, torch.zeros_like(d), 1 / torch.where(d == 0, torch.ones_like(d), d))
-    q = _roundf(b * inv)
+    q = _roundf(b * safe_reciprocal(d))
     return (q * d.to(torch.float16).to(torch.float32)).reshape(w.shape)
 
 
@@ -47,10 +48,6 @@ def q8_0_activations(x: torch.Tensor) -> torch.Tensor:
     """Activations as ggml's Q8_0 matmul sees them: per 32-block, ``rne(x / d) * fp16(d)``, d = max|x| / 127."""
     b = _blocks(x)
     d = b.abs().amax(dim=1, keepdim=True) / 127
-    inv = torch.where(d == 0, torch.zeros_like(d), 1 / torch.where(d == 0, torch.ones_like(d), d))
-    return ((torch.round(b * inv) + 0.0) * d.to(torch.float16).to(torch.float32)).reshape(x.shape)
+    return ((torch.round(b * safe_reciprocal(d)) + 0.0) * d.to(torch.float16).to(torch.float32)).reshape(x.shape)
 
 
-def f16_round(x: torch.Tensor) -> torch.Tensor:
-    """fp32 -> fp16 (nearest even) -> fp32, what an F16 tensor or ggml's f16 matmul operand holds."""
-    return x.detach().to(torch.float16).to(torch.float32)

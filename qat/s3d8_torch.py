@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import torch
 
 from gguf_s3d8.constants import ACT_QMAX, N_CENTROIDS, SCALE_DIVISOR, VECTOR_DIM
-from qat.formats import bf16_rne
+from qat.numerics import absmax_bf16_scale, safe_reciprocal
 
 __all__ = ["absmax_scales", "normalise", "triples", "nearest_centroid", "s3d8_dequantised", "s3d8_weight_space_values",
            "quantize_activations", "fake_quant_activations"]
@@ -36,7 +36,7 @@ SCREEN_MARGIN = 0.25
 def absmax_scales(rows: torch.Tensor) -> torch.Tensor:
     """Per-row ``bf16_rne(max_j |x_ij| / 127)`` of a 2-D fp32 tensor, as fp32 values (all-zero rows: 0)."""
     amax = rows.detach().abs().amax(dim=1) if rows.shape[1] else rows.new_zeros(rows.shape[0])
-    return bf16_rne(amax / SCALE_DIVISOR)
+    return absmax_bf16_scale(amax, SCALE_DIVISOR)
 
 
 def normalise(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -176,8 +176,7 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Format §3 per row of (m, k) fp32 activations: ``(x_q as fp32 integers in [-127, 127], s fp32 (m,))``."""
     x = x.detach().to(torch.float32)
     s = absmax_scales(x)
-    inv = torch.where(s == 0, torch.zeros_like(s), 1.0 / torch.where(s == 0, torch.ones_like(s), s))
-    scaled = x * inv[:, None]
+    scaled = x * safe_reciprocal(s)[:, None]
     scaled = torch.nan_to_num(scaled, nan=0.0, posinf=float(ACT_QMAX), neginf=-float(ACT_QMAX))
     return torch.clamp(torch.round(scaled), -ACT_QMAX, ACT_QMAX) + 0.0, s  # + 0.0: int8 codes have no -0
 

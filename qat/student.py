@@ -37,7 +37,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from qat.ggml_torch import f16_round, q8_0_activations, q8_0_dequantised
+from qat.ggml_torch import q8_0_activations, q8_0_dequantised
+from qat.numerics import bf16_rne, f16_round
 from qat.s3d8_torch import fake_quant_activations, s3d8_dequantised, s3d8_weight_space_values
 
 __all__ = ["WeightSpec", "plan_weights", "plan_weights_from_sources", "fake_quant_weight", "weights_stepped", "quantise_student", "QuantLinear", "QuantEmbedding",
@@ -256,8 +257,6 @@ def _dequantised(w: torch.Tensor, spec: "WeightSpec | FormatSpec") -> torch.Tens
     elif spec.qtype == "f16":
         h = f16_round(g)
     elif spec.qtype == "bf16":
-        from qat.formats import bf16_rne
-
         h = bf16_rne(g)
     elif spec.qtype == "f32":
         h = g
@@ -419,8 +418,6 @@ def _activation_quantiser(qtype: str) -> Callable[[torch.Tensor], torch.Tensor] 
     if qtype == "f16":
         return f16_round
     if qtype == "bf16":
-        from qat.formats import bf16_rne
-
         return bf16_rne
     return None
 

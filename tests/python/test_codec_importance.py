@@ -22,8 +22,7 @@ import gguf
 import gguf_s3d8  # noqa: F401  (registers S3D8 with gguf-py)
 from convert import assets
 from convert.to_gguf import main as convert_main
-from gguf_s3d8 import dequantize_s3d8, quantize_s3d8, quantize_s3d8_with_codebook
-from gguf_s3d8.container import read_container
+from gguf_s3d8 import dequantize_s3d8, quantize_s3d8
 from gguf_s3d8.imatrix import ImatrixError, read_imatrix, write_legacy_imatrix
 from gguf_s3d8.importance import clip_factors, column_weights, quantize_s3d8_importance
 
@@ -129,21 +128,20 @@ def _weighted_error(w: np.ndarray, c: np.ndarray, u: np.ndarray) -> float:
 
 
 def test_iw1_lowers_the_importance_weighted_error(smollm2: dict[str, Path]) -> None:
-    """On a real tensor with its real importance, iw1 has a lower importance-weighted error than the reference
-    encoder (measured -4.3 %). The encoders are deterministic and bit-exact, so the margin asserted (2 %) only
-    guards against a regression, not against rounding. (The model-level effect is much larger: KLD 1.04 -> 0.48
-    on SmolLM2, docs/quality.md.) Without an importance iw1 is the reference encoder (absmax scales, each
-    triple's nearest entry in normalised space) under its fit on all vectors."""
+    """On a real tensor with its real importance, iw1 has a lower error than the reference encoder: importance
+    weighted with the imatrix (measured -4.3 %), plain MSE without (-3.4 %). The encoders are deterministic and
+    bit-exact, so the margins asserted (2 % and 1 %) only guard against a regression, not against rounding.
+    (The model-level effect is much larger: KLD 1.04 -> 0.53 on SmolLM2, docs/quality.md.)"""
     name = "blk.13.ffn_down.weight"
     w = f16_matrix(smollm2["f16"], name)
     u = read_imatrix(smollm2["imatrix"]).for_tensor(name, w.shape[1])[0].astype(np.float64)
     ref = quantize_s3d8(w, name=name)
     e_ref = _weighted_error(w, ref, u)
     e_iw = _weighted_error(w, quantize_s3d8_importance(w, u.astype(np.float32), name=name), u)
+    ones = np.ones_like(u)
+    e_uni, e_uni_ref = _weighted_error(w, quantize_s3d8_importance(w, None, name=name), ones), _weighted_error(w, ref, ones)
     assert e_iw < 0.98 * e_ref, (e_iw, e_ref)
-    uniform = quantize_s3d8_importance(w, None, name=name)
-    assert np.array_equal(uniform, quantize_s3d8_with_codebook(w, read_container(uniform).codebook, name=name))
-    assert np.array_equal(uniform, quantize_s3d8_importance(w, np.zeros(w.shape[1], np.float32), name=name))
+    assert e_uni < 0.99 * e_uni_ref, (e_uni, e_uni_ref)
 
 
 def test_column_weights_and_clip_grid() -> None:

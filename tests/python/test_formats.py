@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from qat.formats import (IntFormat, LloydMaxFormat, S3D8Format, StudentTFormat, WeightFormat, _SortedData,
-                         _s3d8_simulate_pieces, bf16_rne, crd_t_table, expected_block_max_t, int_range,
+                         _s3d8_simulate_pieces, crd_t_table, expected_block_max_t, int_range,
                          lloyd_max_table, s3d8_simulate, sqnr_db)
+from qat.numerics import bf16_rne
 
 LOG2_6 = math.log2(6)
 
