@@ -1,9 +1,9 @@
-"""Which module converts which HF architecture (``config.json`` ``architectures[0]``).
+"""The HF architectures this project converts with its own code instead of upstream's model classes.
 
-Model modules register a factory with :func:`register_hf_architecture`; ``to_gguf`` imports the
-modules listed in :data:`MODEL_MODULES` so their registrations run. To add an architecture (e.g.
-``MllamaForConditionalGeneration``), write ``convert/<name>.py`` with a ``ModelSource`` and a registered
-factory, and append the module to :data:`MODEL_MODULES`.
+Every other architecture goes through upstream's ``convert_hf_to_gguf`` machinery
+(``convert/upstream_source.py``). Model modules register a factory with :func:`register_hf_architecture`;
+``to_gguf`` imports the modules listed in :data:`MODEL_MODULES` so their registrations run. Today that is only
+``MllamaForConditionalGeneration`` (two output files, text + mtmd vision), until its model class is in the series.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class SourceFactory(Protocol):
 
 
 #: Modules that register HF architectures (imported lazily by :func:`hf_factories`).
-MODEL_MODULES: list[str] = ["convert.llama", "convert.mllama"]
+MODEL_MODULES: list[str] = ["convert.mllama"]
 
 _FACTORIES: dict[str, SourceFactory] = {}
 
