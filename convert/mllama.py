@@ -53,7 +53,6 @@ import gguf
 from .common import ConversionOptions, ConversionReport, TensorJob, add_general_metadata, write_gguf
 from .errors import ConvertError, read_json
 from .llama import LlamaHParams, hf_to_meta_rope_rows, llama3_rope_factors
-from .registry import register_hf_architecture
 from .safetensors_io import TensorRecord, iter_checkpoint
 from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8Options, file_type_of
 from .vocab import add_bpe_vocab
@@ -408,9 +407,10 @@ def _natural_key(name: str) -> list[Any]:
 # entry points
 # ---------------------------------------------------------------------------------------------------
 
-@register_hf_architecture(HF_ARCH)
 def text_source(model_dir: Path, *, tokenizer_pre: str | None = None) -> MllamaTextSource:
-    """Factory for the shared converter: the text GGUF of an mllama checkpoint."""
+    """The text model as our own source - QAT's and GPTQ's planning still uses it (names, layouts, types); the
+    converter writes the text GGUF with the series' upstream-style model class (``conversion/mllama.py``,
+    ``convert/upstream_source.py``), and ``tests/python/test_convert_upstream.py`` pins that the two agree."""
     return MllamaTextSource(model_dir, tokenizer_pre=tokenizer_pre)
 
 
@@ -430,12 +430,15 @@ def is_mllama(model_dir: Path) -> bool:
 def convert(model_dir: Path, outfile: Path | None, options: ConversionOptions, *,
             mmproj: Path | None = None, mmproj_options: ConversionOptions | None = None,
             tokenizer_pre: str | None = None, progress: bool = True) -> list[ConversionReport]:
-    """Write the text GGUF to ``outfile`` (if given) and the vision GGUF to ``mmproj`` (if given)."""
+    """Write the text GGUF to ``outfile`` (if given; the series' upstream-style model class) and the vision GGUF to
+    ``mmproj`` (if given; :class:`MllamaVisionSource`)."""
     if outfile is None and mmproj is None:
         raise ConvertError("nothing to do: give an output file and/or --mmproj")
     reports = []
     if outfile is not None:
-        reports.append(write_gguf(text_source(model_dir, tokenizer_pre=tokenizer_pre), outfile, options,
+        from .upstream_source import UpstreamSource
+
+        reports.append(write_gguf(UpstreamSource(model_dir, tokenizer_pre=tokenizer_pre), outfile, options,
                                   progress=progress))
     if mmproj is not None:
         reports.append(write_gguf(vision_source(model_dir), mmproj, mmproj_options or options, progress=progress))

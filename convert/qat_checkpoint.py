@@ -89,17 +89,20 @@ def _apply_to_upstream_source(source: Any, ck: dict[str, Any], path: Path,
     checkpoint's by HF name *before* upstream's ``modify_tensors``, which lays them out as it does the originals."""
     shapes = source.hf_tensor_shapes()
     weights: dict[str, Any] = {}
-    for name, w in ck["model"].items():
-        if name not in shapes:
-            continue  # e.g. the tied lm_head.weight, which the checkpoint does not store either
+    for hf_name, w in ck["model"].items():
+        name = source.canonical_name(hf_name)
+        if name is None or name not in shapes:
+            continue  # another file's tensor (mllama's vision tower), or the tied lm_head.weight the checkpoint lacks
         if tuple(w.shape) != shapes[name]:
-            raise ConvertError(f"{path}: tensor {name} has shape {tuple(w.shape)}, the model has {shapes[name]}")
+            raise ConvertError(f"{path}: tensor {hf_name} has shape {tuple(w.shape)}, the model has {shapes[name]}")
         weights[name] = w.detach().float()
     source.replace_weights(weights, path.name)
     types = planned_types(source, options)
     codebooks: dict[str, np.ndarray] = {}
     scales: dict[str, np.ndarray] = {}
     for spec in ck["specs"].values():
+        if source.canonical_name(spec["hf_name"]) is None:
+            continue  # a weight of another output file (mllama: the vision GGUF)
         name = spec["gguf_name"]
         if name not in types:
             raise ConvertError(f"{path}: trained weight {name} has no place in the model")

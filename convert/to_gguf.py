@@ -27,7 +27,7 @@ import traceback
 from typing import Any, Sequence
 
 from .common import ConversionOptions, ConversionReport, ModelSource, write_gguf
-from .errors import ConvertError, read_json
+from .errors import ConvertError
 from .gptq_checkpoint import add_calibration_options
 from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8_ENCODERS, S3D8Options
 
@@ -125,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def open_source(model: Path, *, tokenizer_pre: str | None = None, verbose: bool = False) -> Any:
-    """The model source for an HF directory (upstream's model class for its architecture; our own for mllama)
-    or a GGUF file (raises ConvertError for unusable input)."""
+    """The model source for an HF directory (upstream's model class for its architecture, mllama's from the
+    series) or a GGUF file (raises ConvertError for unusable input)."""
     if not model.exists():
         raise ConvertError(f"{model}: no such file or directory")
     if model.is_file():
@@ -137,16 +137,6 @@ def open_source(model: Path, *, tokenizer_pre: str | None = None, verbose: bool 
         from .gguf_source import GgufSource
 
         return GgufSource(model)
-    cfg_path = model / "config.json"
-    cfg = read_json(cfg_path, missing_hint=" (not an HF checkpoint directory)")
-    archs = cfg.get("architectures") if isinstance(cfg, dict) else None
-    if not archs or not isinstance(archs, list):
-        raise ConvertError(f"{cfg_path}: no 'architectures' entry; cannot tell which model this is")
-    from .registry import hf_factories
-
-    factory = hf_factories().get(archs[0])
-    if factory is not None:
-        return factory(model, tokenizer_pre=tokenizer_pre)
     from .upstream_source import UpstreamSource
 
     return UpstreamSource(model, tokenizer_pre=tokenizer_pre, verbose=verbose)

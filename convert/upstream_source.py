@@ -160,6 +160,12 @@ class UpstreamSource:
 
         return self._call("reading the config and the checkpoint index", make)
 
+    def canonical_name(self, hf_name: str) -> str | None:
+        """``hf_name`` (any spelling of the checkpoint or of the loaded HF model) as upstream indexes it, or None
+        for tensors this file does not hold (upstream's ``filter_tensors``: e.g. mllama's vision tower)."""
+        item = self._cls.filter_tensors((hf_name, lambda: None))
+        return None if item is None else item[0]
+
     def hf_tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """The checkpoint's tensors (names as upstream indexes them) and shapes; nothing is read."""
         return {name: tuple(int(d) for d in gen().shape) for name, gen in self._model.model_tensors.items()}

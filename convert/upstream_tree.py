@@ -3,17 +3,18 @@ this converter drives.
 
 The tree is the one the project builds from: ``<repo>/work/llama.cpp`` (``python ci/patches.py apply``), or
 ``$S3D8_LLAMA_CPP_DIR`` when set (as CMake's ``LLAMA_CPP_DIR``). Its ``gguf-py`` is *the* ``gguf`` of a converter
-process: ``convert/__init__.py`` puts it first on ``sys.path`` before anything imports ``gguf``, so upstream's
+process: importing the ``convert`` package loads it as ``gguf`` before anything else imports one, so upstream's
 model classes, our writer and the S3D8 codec's registration all see one module (the series' patch 0005 already
 defines ``GGMLQuantizationType.S3D8`` and ``LlamaFileType.MOSTLY_S3D8`` there). A process that imported another
 ``gguf`` first (the PyPI one) gets a :class:`convert.errors.ConvertError` saying so instead of a mixed conversion.
 
-The tree's root is appended (not prepended) to ``sys.path``, so its ``conversion`` package is importable without
-shadowing this repository's own top-level folders.
+Once imported, upstream's ``conversion`` package and ``convert_hf_to_gguf`` stay in ``sys.modules``; neither the
+tree's root nor its gguf-py folder stays on ``sys.path`` (their ``tests``/``tools`` would shadow ours).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -35,10 +36,23 @@ def gguf_py_dir() -> Path:
 
 
 def put_tree_gguf_first() -> None:
-    """Make ``import gguf`` find the tree's gguf-py (a no-op once some ``gguf`` is imported, or without a tree)."""
-    d = gguf_py_dir()
-    if "gguf" not in sys.modules and (d / "gguf" / "__init__.py").is_file() and str(d) not in sys.path:
-        sys.path.insert(0, str(d))
+    """Make the tree's gguf-py the process's ``gguf`` (a no-op once some ``gguf`` is imported, or without a tree).
+
+    Only the ``gguf`` package itself is loaded from ``gguf-py/`` - that folder is not put on ``sys.path``, where
+    its ``tests`` package would shadow this repository's ``tests``.
+    """
+    init = gguf_py_dir() / "gguf" / "__init__.py"
+    if "gguf" in sys.modules or not init.is_file():
+        return
+    spec = importlib.util.spec_from_file_location("gguf", init, submodule_search_locations=[str(init.parent)])
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gguf"] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules["gguf"]
+        raise
 
 
 def _is_tree_gguf(mod: ModuleType) -> bool:
@@ -64,11 +78,20 @@ def upstream_converter() -> ModuleType:
         raise ConvertError(f"this process imported gguf from {Path(gguf.__file__).parent} before the converter; the "
                            f"converter needs the tree's {gguf_py_dir()} (import convert first, or put that folder "
                            "first on PYTHONPATH)")
-    if str(tree) not in sys.path:
-        sys.path.append(str(tree))
+    # upstream's scripts put gguf-py on sys.path unless NO_LOCAL_GGUF is set: ours is loaded already (above), and
+    # that folder's ``tests`` package must not shadow ours; the tree's root is on sys.path only while importing
+    saved_env, saved_path = os.environ.get("NO_LOCAL_GGUF"), list(sys.path)
+    os.environ["NO_LOCAL_GGUF"] = "1"
+    sys.path.insert(0, str(tree))
     try:
         import convert_hf_to_gguf
     except ImportError as e:
         raise ConvertError(f"upstream's converter in {tree} cannot be imported (it needs torch, transformers and "
                            f"sentencepiece): {e}") from e
+    finally:
+        sys.path[:] = saved_path
+        if saved_env is None:
+            os.environ.pop("NO_LOCAL_GGUF", None)
+        else:
+            os.environ["NO_LOCAL_GGUF"] = saved_env
     return convert_hf_to_gguf
