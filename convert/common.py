@@ -1,14 +1,14 @@
 """Architecture-independent half of the converter: plan, write atomically, report.
 
-A *model source* (``convert/llama.py`` for HF Llama checkpoints, ``convert/gguf_source.py`` for an
-existing GGUF, later ``convert/mllama.py``) describes its tensors as :class:`TensorJob` s (name, shape and
-a loader; nothing is read yet) and writes its own metadata. :func:`write_gguf` then
+Every conversion is an :class:`OutputPlan` - a GGUF writer holding every key and tensor info, and the tensors'
+final types, sizes and producers - made before any weight is read: by upstream's model classes for HF checkpoints
+(``convert/upstream_source.py``), or by :func:`plan_from_jobs` for our own sources (``convert/gguf_source.py``, an
+existing GGUF; ``convert/mllama.py``'s vision file), which describe their tensors as :class:`TensorJob` s and get
+their types from ``tensor_types.choose_type``. :func:`write_plan` then
 
-1. picks every tensor's type from its name and shape alone (``tensor_types.choose_type``), so the whole
-   tensor table and the metadata are known before any weight is read;
-2. streams the tensors one at a time (load -> check finite -> encode -> append), so memory stays at
+1. streams the tensors one at a time (produce: load -> check finite -> encode; append), so memory stays at
    about one tensor even for an 11B model;
-3. writes into a temporary file next to the output and ``os.replace`` s it into place only after the
+2. writes into a temporary file next to the output and ``os.replace`` s it into place only after the
    last byte is written and synced. Any failure - a NaN weight, a codec error, Ctrl-C, SIGTERM - removes
    the temporary file, so a failed run leaves nothing behind and never clobbers an existing output; a
    failed write (disk full, file size limit) is a one-line ConvertError naming the output and the OS's reason.
@@ -139,21 +139,6 @@ class ConversionReport:
             lines.append(f"wrote {self.outfile} ({self.file_bytes / 2**20:.1f} MiB; tensors by type: {counts}; "
                          f"{self.weight_bits_per_param():.3f} bits/param over weight matrices)")
         return "\n".join(lines)
-
-
-def add_general_metadata(writer: gguf.GGUFWriter, model_dir: Path) -> None:
-    """general.* keys as upstream's converter writes them: type, name, size label and the model card's fields.
-
-    Call after all tensors are added: the size label comes from the writer's parameter count.
-    """
-    writer.add_type(gguf.GGUFType.MODEL)
-    total, shared, expert, n_expert = writer.get_total_parameter_count()
-    meta = gguf.Metadata.load(None, model_dir, None, total)
-    if meta.name is None:
-        meta.name = model_dir.name
-    if meta.size_label is None and total > 0:
-        meta.size_label = gguf.size_label(total, shared, expert, n_expert)
-    meta.set_gguf_meta_model(writer)
 
 
 def _progress(total: int, enabled: bool):  # -> tqdm-like

@@ -22,8 +22,6 @@ from typing import Any
 
 import numpy as np
 
-import gguf
-
 from .errors import ConvertError
 
 def hf_to_meta_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -88,16 +86,6 @@ class LlamaHParams:
     n_ctx: int | None
     rope: dict[str, Any]  # rope_parameters / rope_scaling merged with rope_theta
     raw: dict[str, Any]
-
-    def add_shape_metadata(self, writer: gguf.GGUFWriter) -> None:
-        """The ``{arch}.*`` size keys shared by every llama-family text model (llama, mllama)."""
-        writer.add_block_count(self.n_layer)
-        if self.n_ctx is not None:
-            writer.add_context_length(int(self.n_ctx))
-        writer.add_embedding_length(self.n_embd)
-        writer.add_feed_forward_length(self.n_ff)
-        writer.add_head_count(self.n_head)
-        writer.add_head_count_kv(self.n_head_kv)
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any], where: Path) -> "LlamaHParams":

@@ -50,12 +50,11 @@ import numpy as np
 
 import gguf
 
-from .common import ConversionOptions, ConversionReport, TensorJob, add_general_metadata, write_gguf
+from .common import ConversionOptions, ConversionReport, TensorJob, write_gguf
 from .errors import ConvertError, read_json
 from .llama import LlamaHParams, hf_to_meta_rope_rows, llama3_rope_factors
 from .safetensors_io import TensorRecord, iter_checkpoint
 from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8Options, file_type_of
-from .vocab import add_bpe_vocab
 
 ARCH = "mllama"
 HF_ARCH = "MllamaForConditionalGeneration"
@@ -151,7 +150,9 @@ class MllamaTextHParams:
 
 
 class MllamaTextSource:
-    """The text decoder of an mllama checkpoint as a :class:`convert.common.ModelSource`."""
+    """The text decoder of an mllama checkpoint, planned by our own code: GGUF names, shapes, llama.cpp's row layout
+    and HF names of every tensor (what QAT and GPTQ plan with). The file itself is written by the series' model class
+    (``conversion/mllama.py``); ``tests/python/test_convert_upstream.py`` pins that both agree."""
 
     arch = ARCH
 
@@ -221,22 +222,6 @@ class MllamaTextSource:
             raise ConvertError(f"{self.model_dir}: embed_tokens has {emb.shape[0]} rows, "
                                f"the image token id is {self.hp.image_token_id}")
         return jobs
-
-    def add_metadata(self, writer: gguf.GGUFWriter, options: ConversionOptions) -> None:
-        hp = self.hp.base
-        add_general_metadata(writer, self.model_dir)
-
-        hp.add_shape_metadata(writer)
-        if hp.rope.get("rope_theta") is not None:
-            writer.add_rope_freq_base(float(hp.rope["rope_theta"]))
-        writer.add_layer_norm_rms_eps(hp.rms_eps)
-        writer.add_file_type(file_type_of(options.out_type))
-        # number of output (lm_head) rows; the token list below is longer by the image token
-        writer.add_vocab_size(hp.vocab_size)
-        writer.add_rope_dimension_count(hp.head_dim)
-        writer.add_array(f"{ARCH}.attention.cross_attention_layers", list(self.hp.cross_layers))
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        add_bpe_vocab(writer, self.model_dir, None, self.tokenizer_pre)
 
 
 # ---------------------------------------------------------------------------------------------------

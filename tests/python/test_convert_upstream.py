@@ -233,26 +233,27 @@ def test_our_rope_rows_are_upstreams() -> None:
 
 def test_mllama_text_class_agrees_with_our_planning(tmp_path: Path) -> None:
     """Llama 3.2 Vision's text GGUF is written by the series' model class (``conversion/mllama.py``, upstream's
-    machinery); QAT and GPTQ still plan mllama's weights with ``convert.mllama.text_source``. Both give the same
-    file: the same keys and values, tensor names, types and bytes - but for one rope_freqs entry, which upstream's
-    float32 arithmetic rounds a few ulp differently (the interpolated band of the llama3 factors)."""
-    from convert.common import ConversionOptions, write_gguf
+    machinery); QAT and GPTQ still plan mllama's weights with ``convert.mllama.text_source``. Both agree: the same
+    tensor names and shapes, and the file's data is the planned tensors' (llama.cpp row layout) - but for one
+    rope_freqs entry, which upstream's float32 arithmetic rounds a few ulp differently (llama3 factors)."""
     from convert.mllama import text_source
     from tests.mllama.tiny_model import get
 
     d = get()
-    ours, series = tmp_path / "ours.gguf", tmp_path / "series.gguf"
-    write_gguf(text_source(d, tokenizer_pre="llama-bpe"), ours, ConversionOptions(out_type="f16"), progress=False)
-    assert main([str(d), "--type", "f16", "-o", str(series), "--no-progress", "--tokenizer-pre", "llama-bpe"]) == 0
-    a, b = gguf.GGUFReader(ours), gguf.GGUFReader(series)
-    assert gguf.GGUFReader(series).fields["general.architecture"].contents() == "mllama"
-    assert {k: v for k, v in _kv(a).items()} == _kv(b)
-    ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
-    assert sorted(ta) == sorted(tb) and any(".cross_attn_q.weight" in n for n in ta)
-    for name, x in ta.items():
-        y = tb[name]
-        assert (x.tensor_type, x.shape.tolist()) == (y.tensor_type, y.shape.tolist()), name
+    series = tmp_path / "series.gguf"
+    assert main([str(d), "--type", "f32", "-o", str(series), "--no-progress", "--tokenizer-pre", "llama-bpe"]) == 0
+    r = gguf.GGUFReader(series)
+    assert r.fields["general.architecture"].contents() == "mllama"
+    assert r.fields["mllama.attention.cross_attention_layers"].contents() == \
+        list(text_source(d).hp.cross_layers)
+    stored = {t.name: t for t in r.tensors}
+    jobs = {j.name: j for j in text_source(d).tensor_jobs()}
+    assert sorted(jobs) == sorted(stored) and any(".cross_attn_q.weight" in n for n in jobs)
+    for name, job in jobs.items():
+        t = stored[name]
+        assert tuple(int(x) for x in reversed(t.shape.tolist())) == job.shape, name
+        got = np.asarray(t.data).reshape(job.shape)
         if name == "rope_freqs.weight":
-            np.testing.assert_allclose(np.asarray(x.data), np.asarray(y.data), rtol=1e-6)
+            np.testing.assert_allclose(got, job.load(), rtol=1e-6)
         else:
-            assert np.asarray(x.data).tobytes() == np.asarray(y.data).tobytes(), name
+            np.testing.assert_array_equal(got, job.load(), err_msg=name)
