@@ -5,8 +5,8 @@ The tree is the one the project builds from: ``<repo>/work/llama.cpp`` (``python
 ``$S3D8_LLAMA_CPP_DIR`` when set (as CMake's ``LLAMA_CPP_DIR``). Its ``gguf-py`` is *the* ``gguf`` of a converter
 process: importing the ``convert`` package loads it as ``gguf`` before anything else imports one, so upstream's
 model classes, our writer and the S3D8 codec's registration all see one module (the series' patch 0005 already
-defines ``GGMLQuantizationType.S3D8`` and ``LlamaFileType.MOSTLY_S3D8`` there). A process that imported another
-``gguf`` first (the PyPI one) gets a :class:`convert.errors.ConvertError` saying so instead of a mixed conversion.
+defines ``GGMLQuantizationType.S3D8`` and ``LlamaFileType.MOSTLY_S3D8`` there). A ``gguf`` a process imported
+before (the PyPI one) is replaced in ``sys.modules`` (:func:`put_tree_gguf_first`).
 
 Once imported, upstream's ``conversion`` package and ``convert_hf_to_gguf`` stay in ``sys.modules``; neither the
 tree's root nor its gguf-py folder stays on ``sys.path`` (their ``tests``/``tools`` would shadow ours).
@@ -36,14 +36,20 @@ def gguf_py_dir() -> Path:
 
 
 def put_tree_gguf_first() -> None:
-    """Make the tree's gguf-py the process's ``gguf`` (a no-op once some ``gguf`` is imported, or without a tree).
+    """Make the tree's gguf-py the process's ``gguf`` (a no-op without a tree, or when it is ``gguf`` already).
 
     Only the ``gguf`` package itself is loaded from ``gguf-py/`` - that folder is not put on ``sys.path``, where
-    its ``tests`` package would shadow this repository's ``tests``.
+    its ``tests`` package would shadow this repository's ``tests``. A ``gguf`` imported earlier (PyPI's, e.g. by a
+    tool that reads GGUFs before it converts) is replaced in ``sys.modules``: modules that bound it keep using it
+    (reading files, enums that compare by value), everything imported from now on - the converter, upstream's code -
+    gets the tree's.
     """
     init = gguf_py_dir() / "gguf" / "__init__.py"
-    if "gguf" in sys.modules or not init.is_file():
+    if not init.is_file() or ("gguf" in sys.modules and _is_tree_gguf(sys.modules["gguf"])):
         return
+    previous = {k: m for k, m in sys.modules.items() if k == "gguf" or k.startswith("gguf.")}
+    for k in previous:
+        del sys.modules[k]
     spec = importlib.util.spec_from_file_location("gguf", init, submodule_search_locations=[str(init.parent)])
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -51,7 +57,9 @@ def put_tree_gguf_first() -> None:
     try:
         spec.loader.exec_module(mod)
     except BaseException:
-        del sys.modules["gguf"]
+        for k in [k for k in sys.modules if k == "gguf" or k.startswith("gguf.")]:
+            del sys.modules[k]
+        sys.modules.update(previous)
         raise
 
 
