@@ -1,8 +1,10 @@
-"""Tiny random HF Llama checkpoints, for tests and demos of the converter.
+"""Tiny random HF checkpoints, for tests and demos of the converter.
 
-They reuse a real tokenizer (by default the SmolLM2 export's, see ``convert.assets``) so the vocabulary
-path is exercised for real; only the weights are random. Shapes are chosen by the caller, which makes it
-easy to build checkpoints with NaN weights, odd shapes or broken files.
+* :func:`write_tiny_llama`: a Llama written tensor by tensor (numpy, no torch), reusing a real tokenizer (by default
+  the SmolLM2 export's, see ``convert.assets``); shapes are chosen by the caller, which makes it easy to build
+  checkpoints with NaN weights, odd shapes or broken files.
+* :func:`write_tiny_hf_model`: any architecture of :data:`TINY_ARCHITECTURES` (Llama, Mistral, Qwen2, Gemma 3),
+  built and saved by transformers itself; :func:`train_sentencepiece` makes a SentencePiece tokenizer for them.
 """
 
 from __future__ import annotations

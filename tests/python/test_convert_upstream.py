@@ -203,13 +203,16 @@ def test_s3d8_runs_in_llama_cpp(model: str, checkpoints: dict[str, Path], output
     path = our_file(checkpoints[model], "s3d8", outputs, "--fallback-type", "f16")
     text = tmp_path / "eval.txt"
     text.write_text(assets.wiki_text("eval")[:6000], encoding="utf-8")
-    r = subprocess.run([str(exe), "-m", str(path), "-f", str(text), "-c", "64", "-b", "64", "--chunks", "2", "-t", "2"],
-                       capture_output=True, text=True, timeout=300)
-    log = r.stdout + r.stderr
-    assert r.returncode == 0, log[-3000:]
-    # the running estimate per chunk ("[1]1117.97,[2]1080.94,") is on stdout; the "Final estimate" log line can
-    # be lost when the logger thread does not flush at exit on a loaded machine
-    ppl = re.findall(r"\[\d+\](-?[0-9.]+|-?nan|-?inf),", log)
+    # the running estimate per chunk ("[1]1117.97,[2]1080.94,") and the "Final estimate" line go through llama.cpp's
+    # asynchronous logger, whose last lines a process exiting on a loaded machine can lose: up to three runs
+    for _ in range(3):
+        r = subprocess.run([str(exe), "-m", str(path), "-f", str(text), "-c", "64", "-b", "64", "--chunks", "2",
+                            "-t", "2"], capture_output=True, text=True, timeout=300)
+        log = r.stdout + r.stderr
+        assert r.returncode == 0, log[-3000:]
+        ppl = re.findall(r"\[\d+\](-?[0-9.]+|-?nan|-?inf),", log)
+        if len(ppl) == 2:
+            break
     assert len(ppl) == 2, log[-3000:]
     # random weights: about the vocabulary size, and finite (a misplaced container byte gives nan or inf)
     assert math.isfinite(float(ppl[-1])) and float(ppl[-1]) > 1, log[-2000:]
