@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from convert import assets  # noqa: E402
-from convert.llama import LlamaHfSource  # noqa: E402
+from convert.upstream_source import UpstreamSource  # noqa: E402
 from convert.tensor_types import is_quantisable_weight  # noqa: E402
 from qat.formats import IntFormat, LloydMaxFormat, S3D8Format, StudentTFormat, WeightFormat  # noqa: E402
 
@@ -125,13 +125,13 @@ def tensor_kind(name: str) -> str:
 # work
 
 
-_SOURCE: LlamaHfSource | None = None
+_SOURCE: UpstreamSource | None = None
 
 
-def _source() -> LlamaHfSource:
+def _source() -> UpstreamSource:
     global _SOURCE
     if _SOURCE is None:
-        _SOURCE = LlamaHfSource(assets.smollm2_hf_dir())
+        _SOURCE = UpstreamSource(assets.smollm2_hf_dir())
     return _SOURCE
 
 

@@ -1,14 +1,14 @@
 """Architecture-independent half of the converter: plan, write atomically, report.
 
-A *model source* (``convert/llama.py`` for HF Llama checkpoints, ``convert/gguf_source.py`` for an
-existing GGUF, later ``convert/mllama.py``) describes its tensors as :class:`TensorJob` s (name, shape and
-a loader; nothing is read yet) and writes its own metadata. :func:`write_gguf` then
+Every conversion is an :class:`OutputPlan` - a GGUF writer holding every key and tensor info, and the tensors'
+final types, sizes and producers - made before any weight is read: by upstream's model classes for HF checkpoints
+(``convert/upstream_source.py``), or by :func:`plan_from_jobs` for our own sources (``convert/gguf_source.py``, an
+existing GGUF; ``convert/mllama.py``'s vision file), which describe their tensors as :class:`TensorJob` s and get
+their types from ``tensor_types.choose_type``. :func:`write_plan` then
 
-1. picks every tensor's type from its name and shape alone (``tensor_types.choose_type``), so the whole
-   tensor table and the metadata are known before any weight is read;
-2. streams the tensors one at a time (load -> check finite -> encode -> append), so memory stays at
+1. streams the tensors one at a time (produce: load -> check finite -> encode; append), so memory stays at
    about one tensor even for an 11B model;
-3. writes into a temporary file next to the output and ``os.replace`` s it into place only after the
+2. writes into a temporary file next to the output and ``os.replace`` s it into place only after the
    last byte is written and synced. Any failure - a NaN weight, a codec error, Ctrl-C, SIGTERM - removes
    the temporary file, so a failed run leaves nothing behind and never clobbers an existing output; a
    failed write (disk full, file size limit) is a one-line ConvertError naming the output and the OS's reason.
@@ -25,7 +25,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -141,30 +141,6 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def add_general_metadata(writer: gguf.GGUFWriter, model_dir: Path) -> None:
-    """general.* keys as upstream's converter writes them: type, name, size label and the model card's fields.
-
-    Call after all tensors are added: the size label comes from the writer's parameter count.
-    """
-    writer.add_type(gguf.GGUFType.MODEL)
-    total, shared, expert, n_expert = writer.get_total_parameter_count()
-    meta = gguf.Metadata.load(None, model_dir, None, total)
-    if meta.name is None:
-        meta.name = model_dir.name
-    if meta.size_label is None and total > 0:
-        meta.size_label = gguf.size_label(total, shared, expert, n_expert)
-    meta.set_gguf_meta_model(writer)
-
-
-def _check_finite(name: str, source: str, data: np.ndarray) -> None:
-    if data.dtype.kind == "f" and not np.isfinite(data).all():
-        n_nan = int(np.isnan(data).sum())
-        n_inf = int(np.isinf(data).sum())
-        src = f" (from {source})" if source and source != name else ""
-        raise ConvertError(f"tensor {name}{src} contains non-finite values ({n_nan} NaN, {n_inf} inf); "
-                           "refusing to convert a broken checkpoint")
-
-
 def _progress(total: int, enabled: bool):  # -> tqdm-like
     from tqdm import tqdm
 
@@ -185,30 +161,104 @@ def _writing(outfile: Path, writer: gguf.GGUFWriter) -> Iterator[None]:
                            "name is unchanged)") from e
 
 
-def write_gguf(source: ModelSource, outfile: Path, options: ConversionOptions, *,
-               progress: bool = True, dry_run: bool = False,
-               before_tensor: Callable[[int, TensorJob], None] | None = None) -> ConversionReport:
-    """Convert ``source`` into ``outfile`` atomically; returns the report.
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One tensor of an output plan: its final type and size, and how to produce the bytes.
 
-    ``dry_run``: plan every tensor's type and build the metadata (which validates the tokenizer and
-    config), but read no weights and write nothing. ``before_tensor(i, job)`` is a hook called before
-    tensor ``i`` is loaded (tests use it to inject a failure mid-way).
+    ``produce()`` returns what is written (a numpy array, or a lazy tensor with ``nbytes`` and ``tofile``);
+    it must have exactly ``nbytes`` bytes. ``source`` names the input tensor(s) for messages.
     """
+
+    name: str
+    shape: tuple[int, ...]
+    qtype: QT
+    nbytes: int
+    reason: str | None
+    produce: Callable[[], Any]
+    source: str
+
+
+@dataclass
+class OutputPlan:
+    """A whole output before any weight is read: the writer holds every KV pair and tensor info (no file
+    yet), ``tensors`` lists the tensors in the writer's order."""
+
+    writer: gguf.GGUFWriter
+    tensors: list[PlannedTensor]
+    requested: str
+
+
+def check_finite(name: str, source: str, data: np.ndarray) -> None:
+    """Refuse NaN / inf weights (ConvertError naming the tensor and its input)."""
+    if data.dtype.kind == "f" and not np.isfinite(data).all():
+        n_nan = int(np.isnan(data).sum())
+        n_inf = int(np.isinf(data).sum())
+        src = f" (from {source})" if source and source != name else ""
+        raise ConvertError(f"tensor {name}{src} contains non-finite values ({n_nan} NaN, {n_inf} inf); "
+                           "refusing to convert a broken checkpoint")
+
+
+def plan_from_jobs(source: ModelSource, options: ConversionOptions) -> OutputPlan:
+    """The plan of a :class:`ModelSource` (GGUF input, mllama): every tensor's type from ``choose_type``."""
     jobs = source.tensor_jobs()
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ConvertError(f"duplicate output tensor names: {', '.join(dup)}")
-
-    choices: list[TypeChoice] = [choose_type(j.name, j.shape, options.out_type, options.fallback_type) for j in jobs]
     writer = gguf.GGUFWriter(path=None, arch=source.arch)
-    report = ConversionReport(outfile=outfile, requested=options.out_type)
-    for job, ch in zip(jobs, choices):
+    planned: list[PlannedTensor] = []
+    for job in jobs:
+        ch: TypeChoice = choose_type(job.name, job.shape, options.out_type, options.fallback_type)
         nbytes = encoded_nbytes(job.shape, ch.qtype)
         raw = None if ch.qtype in (QT.F32, QT.F16) else ch.qtype
         writer.add_tensor_info(job.name, byte_shape(job.shape, ch.qtype), encoded_dtype(ch.qtype), nbytes, raw_dtype=raw)
-        report.rows.append(TensorRow(job.name, job.shape, ch.qtype.name, nbytes, ch.reason))
+
+        def produce(job: TensorJob = job, qtype: QT = ch.qtype) -> np.ndarray:
+            data = job.load()
+            if tuple(data.shape) != tuple(job.shape):
+                raise ConvertError(f"tensor {job.name}: loaded shape {tuple(data.shape)} != declared {job.shape}")
+            check_finite(job.name, job.source, data)
+            return encode(data, qtype, name=job.name, s3d8=options.s3d8)
+
+        planned.append(PlannedTensor(job.name, job.shape, ch.qtype, nbytes, ch.reason, produce, job.source))
     source.add_metadata(writer, options)
+    return OutputPlan(writer, planned, options.out_type)
+
+
+def planned_types(source: Any, options: ConversionOptions) -> dict[str, QT]:
+    """GGUF name -> the type the conversion writes it with (the plan of the source, nothing read or written)."""
+    own = getattr(source, "planned_tensors", None)
+    if own is not None:
+        return {name: qtype for name, _shape, qtype in own(options)}
+    return {j.name: choose_type(j.name, j.shape, options.out_type, options.fallback_type).qtype
+            for j in source.tensor_jobs()}
+
+
+def make_plan(source: Any, options: ConversionOptions) -> OutputPlan:
+    """The output plan of any source: its own ``plan(options)`` (upstream-driven sources) or the job-based one."""
+    own = getattr(source, "plan", None)
+    return own(options) if own is not None else plan_from_jobs(source, options)
+
+
+def write_gguf(source: Any, outfile: Path, options: ConversionOptions, *,
+               progress: bool = True, dry_run: bool = False,
+               before_tensor: Callable[[int, PlannedTensor], None] | None = None) -> ConversionReport:
+    """Convert ``source`` into ``outfile`` atomically; returns the report (see :func:`write_plan`)."""
+    return write_plan(make_plan(source, options), outfile, progress=progress, dry_run=dry_run,
+                      before_tensor=before_tensor)
+
+
+def write_plan(plan: OutputPlan, outfile: Path, *, progress: bool = True, dry_run: bool = False,
+               before_tensor: Callable[[int, PlannedTensor], None] | None = None) -> ConversionReport:
+    """Write ``plan`` into ``outfile`` atomically; returns the report.
+
+    ``dry_run``: report the plan (whose making validated the tokenizer and config) but read no weights and
+    write nothing. ``before_tensor(i, tensor)`` is a hook called before tensor ``i`` is produced (tests use it
+    to inject a failure mid-way).
+    """
+    writer = plan.writer
+    report = ConversionReport(outfile=outfile, requested=plan.requested)
+    report.rows = [TensorRow(t.name, t.shape, t.qtype.name, t.nbytes, t.reason) for t in plan.tensors]
     if dry_run:
         report.dry_run = True
         return report
@@ -230,21 +280,17 @@ def write_gguf(source: ModelSource, outfile: Path, options: ConversionOptions, *
             writer.write_header_to_file(path=tmp)
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
-        bar = _progress(len(jobs), progress)
-        for i, (job, ch) in enumerate(zip(jobs, choices)):
+        bar = _progress(len(plan.tensors), progress)
+        for i, t in enumerate(plan.tensors):
             if before_tensor is not None:
-                before_tensor(i, job)
-            bar.set_postfix_str(job.name, refresh=False)
-            data = job.load()
-            if tuple(data.shape) != tuple(job.shape):
-                raise ConvertError(f"tensor {job.name}: loaded shape {tuple(data.shape)} != declared {job.shape}")
-            _check_finite(job.name, job.source, data)
-            enc = encode(data, ch.qtype, name=job.name, s3d8=options.s3d8)
-            if enc.nbytes != report.rows[i].nbytes:
-                raise RuntimeError(f"tensor {job.name}: encoder produced {enc.nbytes} bytes, planned {report.rows[i].nbytes}")
+                before_tensor(i, t)
+            bar.set_postfix_str(t.name, refresh=False)
+            enc = t.produce()
+            if enc.nbytes != t.nbytes:
+                raise RuntimeError(f"tensor {t.name}: encoder produced {enc.nbytes} bytes, planned {t.nbytes}")
             with _writing(outfile, writer):
                 writer.write_tensor_data(enc)
-            del data, enc
+            del enc
             bar.update(1)
         bar.close()
         bar = None

@@ -13,9 +13,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from .common import ConversionOptions, ModelSource
+from .common import ConversionOptions, ModelSource, planned_types
 from .errors import ConvertError
-from .tensor_types import choose_type
 
 
 def add_calibration_options(p: argparse.ArgumentParser, *, when: str = "") -> None:
@@ -49,9 +48,9 @@ def apply_gptq_file(sources: list[tuple[ModelSource, ConversionOptions]], tensor
     placed: set[str] = set()
     out = []
     for source, options in sources:
-        s3d8 = {j.name for j in source.tensor_jobs()
-                if choose_type(j.name, j.shape, options.out_type, options.fallback_type).qtype == getattr(QT, "S3D8", None)}
-        names = {j.name for j in source.tensor_jobs()}
+        types = planned_types(source, options)
+        s3d8 = {name for name, qtype in types.items() if qtype == getattr(QT, "S3D8", None)}
+        names = set(types)
         wrong = sorted((held & names) - s3d8)
         if wrong:
             raise ConvertError(f"{path}: {', '.join(wrong[:5])} {'are' if len(wrong) > 1 else 'is'} not S3D8 in this "

@@ -50,13 +50,11 @@ import numpy as np
 
 import gguf
 
-from .common import ConversionOptions, ConversionReport, TensorJob, add_general_metadata, write_gguf
+from .common import ConversionOptions, ConversionReport, TensorJob, write_gguf
 from .errors import ConvertError, read_json
 from .llama import LlamaHParams, hf_to_meta_rope_rows, llama3_rope_factors
-from .registry import register_hf_architecture
 from .safetensors_io import TensorRecord, iter_checkpoint
 from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8Options, file_type_of
-from .vocab import add_bpe_vocab
 
 ARCH = "mllama"
 HF_ARCH = "MllamaForConditionalGeneration"
@@ -152,7 +150,9 @@ class MllamaTextHParams:
 
 
 class MllamaTextSource:
-    """The text decoder of an mllama checkpoint as a :class:`convert.common.ModelSource`."""
+    """The text decoder of an mllama checkpoint, planned by our own code: GGUF names, shapes, llama.cpp's row layout
+    and HF names of every tensor (what QAT and GPTQ plan with). The file itself is written by the series' model class
+    (``conversion/mllama.py``); ``tests/python/test_convert_upstream.py`` pins that both agree."""
 
     arch = ARCH
 
@@ -222,22 +222,6 @@ class MllamaTextSource:
             raise ConvertError(f"{self.model_dir}: embed_tokens has {emb.shape[0]} rows, "
                                f"the image token id is {self.hp.image_token_id}")
         return jobs
-
-    def add_metadata(self, writer: gguf.GGUFWriter, options: ConversionOptions) -> None:
-        hp = self.hp.base
-        add_general_metadata(writer, self.model_dir)
-
-        hp.add_shape_metadata(writer)
-        if hp.rope.get("rope_theta") is not None:
-            writer.add_rope_freq_base(float(hp.rope["rope_theta"]))
-        writer.add_layer_norm_rms_eps(hp.rms_eps)
-        writer.add_file_type(file_type_of(options.out_type))
-        # number of output (lm_head) rows; the token list below is longer by the image token
-        writer.add_vocab_size(hp.vocab_size)
-        writer.add_rope_dimension_count(hp.head_dim)
-        writer.add_array(f"{ARCH}.attention.cross_attention_layers", list(self.hp.cross_layers))
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        add_bpe_vocab(writer, self.model_dir, None, self.tokenizer_pre)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -408,9 +392,10 @@ def _natural_key(name: str) -> list[Any]:
 # entry points
 # ---------------------------------------------------------------------------------------------------
 
-@register_hf_architecture(HF_ARCH)
 def text_source(model_dir: Path, *, tokenizer_pre: str | None = None) -> MllamaTextSource:
-    """Factory for the shared converter: the text GGUF of an mllama checkpoint."""
+    """The text model as our own source - QAT's and GPTQ's planning still uses it (names, layouts, types); the
+    converter writes the text GGUF with the series' upstream-style model class (``conversion/mllama.py``,
+    ``convert/upstream_source.py``), and ``tests/python/test_convert_upstream.py`` pins that the two agree."""
     return MllamaTextSource(model_dir, tokenizer_pre=tokenizer_pre)
 
 
@@ -430,12 +415,15 @@ def is_mllama(model_dir: Path) -> bool:
 def convert(model_dir: Path, outfile: Path | None, options: ConversionOptions, *,
             mmproj: Path | None = None, mmproj_options: ConversionOptions | None = None,
             tokenizer_pre: str | None = None, progress: bool = True) -> list[ConversionReport]:
-    """Write the text GGUF to ``outfile`` (if given) and the vision GGUF to ``mmproj`` (if given)."""
+    """Write the text GGUF to ``outfile`` (if given; the series' upstream-style model class) and the vision GGUF to
+    ``mmproj`` (if given; :class:`MllamaVisionSource`)."""
     if outfile is None and mmproj is None:
         raise ConvertError("nothing to do: give an output file and/or --mmproj")
     reports = []
     if outfile is not None:
-        reports.append(write_gguf(text_source(model_dir, tokenizer_pre=tokenizer_pre), outfile, options,
+        from .upstream_source import UpstreamSource
+
+        reports.append(write_gguf(UpstreamSource(model_dir, tokenizer_pre=tokenizer_pre), outfile, options,
                                   progress=progress))
     if mmproj is not None:
         reports.append(write_gguf(vision_source(model_dir), mmproj, mmproj_options or options, progress=progress))

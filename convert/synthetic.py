@@ -1,8 +1,10 @@
-"""Tiny random HF Llama checkpoints, for tests and demos of the converter.
+"""Tiny random HF checkpoints, for tests and demos of the converter.
 
-They reuse a real tokenizer (by default the SmolLM2 export's, see ``convert.assets``) so the vocabulary
-path is exercised for real; only the weights are random. Shapes are chosen by the caller, which makes it
-easy to build checkpoints with NaN weights, odd shapes or broken files.
+* :func:`write_tiny_llama`: a Llama written tensor by tensor (numpy, no torch), reusing a real tokenizer (by default
+  the SmolLM2 export's, see ``convert.assets``); shapes are chosen by the caller, which makes it easy to build
+  checkpoints with NaN weights, odd shapes or broken files.
+* :func:`write_tiny_hf_model`: any architecture of :data:`TINY_ARCHITECTURES` (Llama, Mistral, Qwen2, Gemma 3),
+  built and saved by transformers itself; :func:`train_sentencepiece` makes a SentencePiece tokenizer for them.
 """
 
 from __future__ import annotations
@@ -75,4 +77,72 @@ def write_tiny_llama(out_dir: Path, tokenizer_dir: Path, *, hidden: int = 64, la
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copy(tokenizer_dir / name, out_dir / name)
+    return out_dir
+
+
+# ---------------------------------------------------------------------------------------------------
+# any architecture upstream converts, built by transformers itself
+
+#: Tiny configurations (transformers config class, model_type, sizes) whose matrices all have
+#: k % 128 == 0, so that every one of them can be S3D8 (``gguf_s3d8.s3d8_ineligibility``).
+TINY_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "LlamaForCausalLM": {"model_type": "llama", "head_dim": 64},
+    "MistralForCausalLM": {"model_type": "mistral", "head_dim": 64, "sliding_window": None},
+    "Qwen2ForCausalLM": {"model_type": "qwen2", "use_sliding_window": False},
+    "Gemma3ForCausalLM": {"model_type": "gemma3_text", "head_dim": 64, "sliding_window": 64,
+                          "query_pre_attn_scalar": 64, "layer_types": ["sliding_attention", "full_attention"]},
+}
+
+
+def write_tiny_hf_model(out_dir: Path, architecture: str, tokenizer_dir: Path, *, vocab: int, hidden: int = 256,
+                        layers: int = 2, heads: int = 4, kv_heads: int = 2, ffn: int = 512, tied: bool = True,
+                        seed: int = 0, bos_token_id: int = 1, eos_token_id: int = 2) -> Path:
+    """An HF checkpoint of ``architecture`` (a key of :data:`TINY_ARCHITECTURES`) with random weights, saved by
+    transformers' ``save_pretrained`` (its own names, shapes and config), plus the tokenizer files of
+    ``tokenizer_dir`` (needs torch)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(TINY_ARCHITECTURES[architecture])
+    model_type = spec.pop("model_type")
+    cfg = AutoConfig.for_model(model_type, vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn,
+                               num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                               max_position_embeddings=2048, tie_word_embeddings=tied, bos_token_id=bos_token_id,
+                               eos_token_id=eos_token_id, pad_token_id=None, **spec)
+    cfg.architectures = [architecture]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):  # norms around their neutral value (Gemma: stored minus one)
+                p.copy_((0.0 if model_type.startswith("gemma") else 1.0) + 0.1 * torch.randn_like(p))
+            elif p.ndim >= 2:
+                p.normal_(0.0, 0.02)
+            else:
+                p.normal_(0.0, 0.01)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    for f in tokenizer_dir.iterdir():
+        if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens_map")) or f.name == "chat_template.jinja"):
+            shutil.copy(f, out_dir / f.name)
+    return out_dir
+
+
+def train_sentencepiece(text: str, out_dir: Path, *, vocab_size: int = 1000, model_type: str = "bpe") -> Path:
+    """A SentencePiece tokenizer (``tokenizer.model`` + ``tokenizer_config.json``, Llama 2 / Mistral style: byte
+    fallback, ``<unk>``/``<s>``/``</s>`` = 0/1/2) trained on ``text``, in ``out_dir``."""
+    import sentencepiece as spm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    corpus = out_dir / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(out_dir / "tokenizer"), vocab_size=vocab_size,
+                                   model_type=model_type, byte_fallback=True, character_coverage=1.0,
+                                   unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1, minloglevel=2,
+                                   input_sentence_size=200000, shuffle_input_sentence=False)
+    corpus.unlink()
+    (out_dir / "tokenizer.vocab").unlink(missing_ok=True)
+    (out_dir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, indent=1) + "\n")
     return out_dir

@@ -24,31 +24,33 @@ import argparse
 import json
 import signal
 import traceback
-from typing import Sequence
+from typing import Any, Sequence
 
 from .common import ConversionOptions, ConversionReport, ModelSource, write_gguf
-from .errors import ConvertError, read_json
+from .errors import ConvertError
 from .gptq_checkpoint import add_calibration_options
 from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8_ENCODERS, S3D8Options
 
 _GGUF_MAGIC = b"GGUF"
 
 _DESCRIPTION = """\
-Convert a Llama-family text model to GGUF.
+Convert a model to GGUF, optionally with S3D8 weight matrices.
 
-MODEL is either an HF checkpoint directory (config.json, *.safetensors,
-tokenizer.json/tokenizer_config.json) of a LlamaForCausalLM (or another
-architecture registered in convert/registry.py, e.g. the text part of
-MllamaForConditionalGeneration, whose vision encoder + projector --mmproj
-writes as a second GGUF for llama-mtmd-cli / llama-server), or
-an existing .gguf file (general.architecture llama), whose tensors are
-dequantised and re-encoded; its metadata is kept.
+MODEL is either an HF checkpoint directory (config.json, *.safetensors, tokenizer
+files) of any architecture the pinned llama.cpp tree's convert_hf_to_gguf.py
+converts (Llama, Mistral, Qwen2, Gemma 3, ...: upstream's own code plans the file
+- metadata, vocabulary, tensor names and types; see docs/convert.md), or of
+MllamaForConditionalGeneration (Llama 3.2 Vision: the text model, and with
+--mmproj the vision encoder + projector as a second GGUF for llama-mtmd-cli /
+llama-server), or an existing .gguf file (general.architecture llama), whose
+tensors are dequantised and re-encoded; its metadata is kept.
 
-The big matrices (attention q/k/v/o, ffn gate/up/down, token_embd, output) get
---type; 1-D tensors (norms, biases) stay F32. Matrices the requested type cannot
-hold get --fallback-type (S3D8: k must be a multiple of 128 and the matrix large
-enough for its 128-byte header and scales; Q8_0: k a multiple of 32, else F16),
-and every fallback is listed with its reason at the end.
+The matrices upstream quantises get --type (f16/bf16/q8_0: the file is byte-
+identical to upstream's); norms, biases and other small tensors stay as upstream
+writes them. Matrices the requested type cannot hold get --fallback-type (S3D8:
+k must be a multiple of 128 and the matrix large enough for its 128-byte header
+and scales; Q8_0: k a multiple of 32, else F16), and every fallback is listed
+with its reason at the end.
 
 The output is written to a temporary file next to OUTFILE and renamed into place
 when complete: an error or interruption leaves no partial file behind.
@@ -122,8 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def open_source(model: Path, *, tokenizer_pre: str | None = None) -> ModelSource:
-    """The model source for an HF directory or a GGUF file (raises ConvertError for unusable input)."""
+def open_source(model: Path, *, tokenizer_pre: str | None = None, verbose: bool = False) -> Any:
+    """The model source for an HF directory (upstream's model class for its architecture, mllama's from the
+    series) or a GGUF file (raises ConvertError for unusable input)."""
     if not model.exists():
         raise ConvertError(f"{model}: no such file or directory")
     if model.is_file():
@@ -134,19 +137,9 @@ def open_source(model: Path, *, tokenizer_pre: str | None = None) -> ModelSource
         from .gguf_source import GgufSource
 
         return GgufSource(model)
-    cfg_path = model / "config.json"
-    cfg = read_json(cfg_path, missing_hint=" (not an HF checkpoint directory)")
-    archs = cfg.get("architectures") if isinstance(cfg, dict) else None
-    if not archs or not isinstance(archs, list):
-        raise ConvertError(f"{cfg_path}: no 'architectures' entry; cannot tell which model this is")
-    from .registry import hf_factories
+    from .upstream_source import UpstreamSource
 
-    factories = hf_factories()
-    factory = factories.get(archs[0])
-    if factory is None:
-        raise ConvertError(f"{cfg_path}: unsupported architecture {archs[0]!r} "
-                           f"(supported: {', '.join(sorted(factories))})")
-    return factory(model, tokenizer_pre=tokenizer_pre)
+    return UpstreamSource(model, tokenizer_pre=tokenizer_pre, verbose=verbose)
 
 
 def default_outfile(model: Path, out_type: str) -> Path:

@@ -1,0 +1,262 @@
+"""The converter on upstream's shoulders: several architectures and tokenizer kinds, against upstream itself.
+
+Tiny random checkpoints saved by transformers (``convert.synthetic.write_tiny_hf_model``) of
+
+* ``LlamaForCausalLM`` with a byte-level BPE tokenizer (SmolLM2's, pre-tokenizer detected as ``smollm``), tied
+  embeddings;
+* ``MistralForCausalLM`` (Mistral-style SPM Llama: upstream's ``LlamaModel``) with a SentencePiece tokenizer
+  trained by the ``sentencepiece`` package on the gensim Wikipedia text, untied;
+* ``Qwen2ForCausalLM`` (q/k/v biases) with that SentencePiece tokenizer, untied;
+* ``Gemma3ForCausalLM`` (norms stored minus one, sliding + full layers) with that tokenizer, tied;
+
+each with hidden size 192 and ``intermediate_size`` 2048, so that ``ffn_down`` (192 x 2048) can hold S3D8 and the
+other matrices (k = 192) fall back - a real S3D8 plan at a small cost. For every one:
+
+* ``--type f16 / bf16 / q8_0``: our file is byte-identical to the one upstream's ``convert_hf_to_gguf.py``
+  (``main()`` of the pinned tree's script, in this process) writes for the same checkpoint;
+* ``--type s3d8 --fallback-type f16``: the file differs from upstream's F16 file only in ``general.file_type`` and
+  in the S3D8 tensors' type and data (same keys, values and order; same tensors, order and bytes elsewhere), and
+  the S3D8 tensors dequantise close to the weights; for Llama the container is exactly the codec's;
+* the S3D8 file loads and runs in llama.cpp (``llama-perplexity`` from ``$S3D8_BIN_DIR``, finite perplexity).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gguf
+
+from convert import assets
+from convert.synthetic import train_sentencepiece, write_tiny_hf_model
+from convert.to_gguf import main
+from convert.upstream_tree import upstream_converter
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: name -> (HF architecture, tokenizer kind, tied embeddings, hidden, heads, kv heads)
+MODELS: dict[str, tuple[str, str, bool, int, int, int]] = {
+    "llama-bpe": ("LlamaForCausalLM", "bpe", True, 192, 3, 1),
+    "mistral-spm": ("MistralForCausalLM", "spm", False, 192, 3, 1),
+    "qwen2-spm": ("Qwen2ForCausalLM", "spm", False, 192, 3, 1),
+    "gemma3-spm": ("Gemma3ForCausalLM", "spm", True, 192, 3, 1),
+}
+FFN = 2048
+
+
+def bin_dir() -> Path:
+    return Path(os.environ.get("S3D8_BIN_DIR", REPO / "build" / "host" / "bin"))
+
+
+@pytest.fixture(scope="module")
+def spm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_sentencepiece(assets.wiki_text("train")[:300_000], tmp_path_factory.mktemp("spm"), vocab_size=1000)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory, spm_dir: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf")
+    out = {}
+    for i, (name, (arch, kind, tied, hidden, heads, kv)) in enumerate(MODELS.items()):
+        tok = assets.smollm2_hf_dir() if kind == "bpe" else spm_dir
+        vocab = 49152 if kind == "bpe" else 1000
+        out[name] = write_tiny_hf_model(root / name, arch, tok, vocab=vocab, hidden=hidden, heads=heads,
+                                        kv_heads=kv, ffn=FFN, tied=tied, seed=i)
+    return out
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("out")
+
+
+def upstream_file(model_dir: Path, out_type: str, outputs: Path) -> Path:
+    """What upstream's convert_hf_to_gguf.py writes (its main(), run here; its logging set-up left out)."""
+    out = outputs / f"upstream-{model_dir.name}-{out_type}.gguf"
+    if not out.exists():
+        up = upstream_converter()
+        argv = ["convert_hf_to_gguf.py", str(model_dir), "--outtype", out_type, "--outfile", str(out)]
+        mp = pytest.MonkeyPatch()
+        try:
+            mp.setattr(sys, "argv", argv)
+            mp.setattr(logging, "basicConfig", lambda **kw: None)
+            up.main()
+        finally:
+            mp.undo()
+    return out
+
+
+def our_file(model_dir: Path, out_type: str, outputs: Path, *extra: str) -> Path:
+    out = outputs / f"ours-{model_dir.name}-{out_type}{''.join(extra)}.gguf"
+    if not out.exists():
+        assert main([str(model_dir), "--type", out_type, "-o", str(out), "--no-progress", *extra]) == 0
+    return out
+
+
+def _kv(r: gguf.GGUFReader) -> dict[str, tuple[tuple[int, ...], Any]]:
+    return {k: (tuple(int(t) for t in f.types), f.contents()) for k, f in r.fields.items() if not k.startswith("GGUF.")}
+
+
+def _explain_difference(a: Path, b: Path) -> str:
+    ra, rb = gguf.GGUFReader(a), gguf.GGUFReader(b)
+    ka, kb = _kv(ra), _kv(rb)
+    if list(ka) != list(kb):
+        return f"keys differ: only ours {sorted(set(ka) - set(kb))}, only upstream {sorted(set(kb) - set(ka))}"
+    for k in ka:
+        if ka[k] != kb[k]:
+            return f"metadata {k}: ours {str(ka[k])[:200]} != upstream {str(kb[k])[:200]}"
+    for x, y in zip(ra.tensors, rb.tensors):
+        if (x.name, x.tensor_type, x.shape.tolist()) != (y.name, y.tensor_type, y.shape.tolist()):
+            return f"tensor {x.name} {x.tensor_type.name} {x.shape.tolist()} != {y.name} {y.tensor_type.name} {y.shape.tolist()}"
+        if np.asarray(x.data).tobytes() != np.asarray(y.data).tobytes():
+            return f"tensor data differs: {x.name}"
+    return "files differ outside metadata and tensors"
+
+
+@pytest.mark.parametrize("out_type", ["f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_byte_identical_to_upstream(model: str, out_type: str, checkpoints: dict[str, Path], outputs: Path) -> None:
+    d = checkpoints[model]
+    ours, theirs = our_file(d, out_type, outputs), upstream_file(d, out_type, outputs)
+    assert ours.read_bytes() == theirs.read_bytes(), _explain_difference(ours, theirs)
+
+
+def _vocab_kind(path: Path) -> tuple[str, str, int, bool]:
+    r = gguf.GGUFReader(path)
+    names = {t.name for t in r.tensors}
+    return (r.fields["tokenizer.ggml.model"].contents(), r.fields["tokenizer.ggml.pre"].contents(),
+            len(r.fields["tokenizer.ggml.tokens"].contents()), "output.weight" in names)
+
+
+def test_tokenizer_kinds_and_embeddings(checkpoints: dict[str, Path], outputs: Path) -> None:
+    """SentencePiece and byte-level BPE vocabularies, tied and untied embeddings, as upstream writes them."""
+    got = {m: _vocab_kind(our_file(checkpoints[m], "f16", outputs)) for m in MODELS}
+    assert got["llama-bpe"] == ("gpt2", "smollm", 49152, False)
+    assert got["mistral-spm"][0] == "llama" and got["mistral-spm"][2] == 1000 and got["mistral-spm"][3]
+    assert got["qwen2-spm"][0] == "llama" and got["qwen2-spm"][3]
+    assert got["gemma3-spm"][0] == "llama" and not got["gemma3-spm"][3]
+    r = gguf.GGUFReader(our_file(checkpoints["mistral-spm"], "f16", outputs))
+    assert len(r.fields["tokenizer.ggml.scores"].contents()) == 1000  # SentencePiece scores are there
+
+
+def _dequantised(t: Any) -> np.ndarray:
+    import gguf_s3d8
+
+    return gguf_s3d8.dequantize_s3d8(np.asarray(t.data), name=t.name)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_s3d8_differs_only_in_s3d8_tensors(model: str, checkpoints: dict[str, Path], outputs: Path) -> None:
+    import gguf_s3d8  # noqa: F401  (S3D8 for the reader)
+
+    d = checkpoints[model]
+    ours = gguf.GGUFReader(our_file(d, "s3d8", outputs, "--fallback-type", "f16"))
+    theirs = gguf.GGUFReader(upstream_file(d, "f16", outputs))
+    ka, kb = _kv(ours), _kv(theirs)
+    assert list(ka) == list(kb)
+    assert ka.pop("general.file_type")[1] == 96 and kb.pop("general.file_type")[1] == 1
+    assert ka == kb
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    n_s3d8 = 0
+    for x, y in zip(ours.tensors, theirs.tensors):
+        assert x.shape.tolist() == y.shape.tolist(), x.name
+        if x.tensor_type == gguf.GGMLQuantizationType.S3D8:
+            n_s3d8 += 1
+            assert y.tensor_type == gguf.GGMLQuantizationType.F16 and x.name.endswith("ffn_down.weight"), x.name
+            ref = np.asarray(y.data).astype(np.float64)
+            err = _dequantised(x).astype(np.float64) - ref
+            assert 10 * math.log10((ref**2).sum() / (err**2).sum()) > 8, x.name
+        else:
+            assert x.tensor_type == y.tensor_type, x.name
+            assert np.asarray(x.data).tobytes() == np.asarray(y.data).tobytes(), x.name
+    assert n_s3d8 == 2  # ffn_down of both layers; every other matrix has k = hidden, too short for S3D8
+
+
+def test_s3d8_container_is_the_codecs(checkpoints: dict[str, Path], outputs: Path) -> None:
+    """The stored container is the iw1 encoder's output (uniform importance, seed 0) for the HF weight."""
+    from safetensors.numpy import load_file
+
+    import gguf_s3d8  # noqa: F401
+    from gguf_s3d8.importance import quantize_s3d8_importance
+
+    d = checkpoints["llama-bpe"]
+    w = load_file(str(d / "model.safetensors"))["model.layers.1.mlp.down_proj.weight"]
+    ts = {t.name: t for t in gguf.GGUFReader(our_file(d, "s3d8", outputs, "--fallback-type", "f16")).tensors}
+    want = quantize_s3d8_importance(np.asarray(w, np.float32), None, seed=0, name="blk.1.ffn_down.weight")
+    np.testing.assert_array_equal(np.asarray(ts["blk.1.ffn_down.weight"].data), want)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_s3d8_runs_in_llama_cpp(model: str, checkpoints: dict[str, Path], outputs: Path, tmp_path: Path) -> None:
+    exe = bin_dir() / "llama-perplexity"
+    if not exe.is_file():
+        pytest.fail(f"{exe} not found: build llama.cpp first (`bash ci/build.sh host`) or set S3D8_BIN_DIR")
+    path = our_file(checkpoints[model], "s3d8", outputs, "--fallback-type", "f16")
+    text = tmp_path / "eval.txt"
+    text.write_text(assets.wiki_text("eval")[:6000], encoding="utf-8")
+    # the running estimate per chunk ("[1]1117.97,[2]1080.94,") and the "Final estimate" line go through llama.cpp's
+    # asynchronous logger, whose last lines a process exiting on a loaded machine can lose: up to three runs
+    for _ in range(3):
+        r = subprocess.run([str(exe), "-m", str(path), "-f", str(text), "-c", "64", "-b", "64", "--chunks", "2",
+                            "-t", "2"], capture_output=True, text=True, timeout=300)
+        log = r.stdout + r.stderr
+        assert r.returncode == 0, log[-3000:]
+        ppl = re.findall(r"\[\d+\](-?[0-9.]+|-?nan|-?inf),", log)
+        if len(ppl) == 2:
+            break
+    assert len(ppl) == 2, log[-3000:]
+    # random weights: about the vocabulary size, and finite (a misplaced container byte gives nan or inf)
+    assert math.isfinite(float(ppl[-1])) and float(ppl[-1]) > 1, log[-2000:]
+
+
+def test_our_rope_rows_are_upstreams() -> None:
+    """``convert.llama.hf_to_meta_rope_rows`` (kept for mllama and QAT's row bookkeeping) reorders q/k rows exactly
+    as upstream's ``LlamaModel.permute`` does for the text models it converts."""
+    import torch
+
+    upstream_converter()
+    from conversion.llama import LlamaModel
+
+    from convert.llama import hf_to_meta_rope_rows
+
+    w = torch.randn(3 * 64, 40, generator=torch.Generator().manual_seed(0))
+    np.testing.assert_array_equal(hf_to_meta_rope_rows(w.numpy(), 3), LlamaModel.permute(w, 3, 3).numpy())
+    k = torch.randn(64, 40, generator=torch.Generator().manual_seed(1))
+    np.testing.assert_array_equal(hf_to_meta_rope_rows(k.numpy(), 1), LlamaModel.permute(k, 3, 1).numpy())
+
+
+def test_mllama_text_class_agrees_with_our_planning(tmp_path: Path) -> None:
+    """Llama 3.2 Vision's text GGUF is written by the series' model class (``conversion/mllama.py``, upstream's
+    machinery); QAT and GPTQ still plan mllama's weights with ``convert.mllama.text_source``. Both agree: the same
+    tensor names and shapes, and the file's data is the planned tensors' (llama.cpp row layout) - but for one
+    rope_freqs entry, which upstream's float32 arithmetic rounds a few ulp differently (llama3 factors)."""
+    from convert.mllama import text_source
+    from tests.mllama.tiny_model import get
+
+    d = get()
+    series = tmp_path / "series.gguf"
+    assert main([str(d), "--type", "f32", "-o", str(series), "--no-progress", "--tokenizer-pre", "llama-bpe"]) == 0
+    r = gguf.GGUFReader(series)
+    assert r.fields["general.architecture"].contents() == "mllama"
+    assert r.fields["mllama.attention.cross_attention_layers"].contents() == \
+        list(text_source(d).hp.cross_layers)
+    stored = {t.name: t for t in r.tensors}
+    jobs = {j.name: j for j in text_source(d).tensor_jobs()}
+    assert sorted(jobs) == sorted(stored) and any(".cross_attn_q.weight" in n for n in jobs)
+    for name, job in jobs.items():
+        t = stored[name]
+        assert tuple(int(x) for x in reversed(t.shape.tolist())) == job.shape, name
+        got = np.asarray(t.data).reshape(job.shape)
+        if name == "rope_freqs.weight":
+            np.testing.assert_allclose(got, job.load(), rtol=1e-6)
+        else:
+            np.testing.assert_array_equal(got, job.load(), err_msg=name)
