@@ -6,6 +6,7 @@ upstream id; gguf-py knows the types."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -21,13 +22,17 @@ def bin_dir() -> Path:
     return Path(os.environ.get("S3D8_BIN_DIR", REPO / "build" / "host" / "bin"))
 
 
-def c_quantize(tmp_path: Path, name: str, x: np.ndarray, n_per_row: int) -> tuple[bytes, np.ndarray]:
-    exe = bin_dir() / "test-kv-types"
+def c_quantize(tmp_path: Path, name: str, x: np.ndarray, n_per_row: int,
+               variant: str | None = None) -> tuple[bytes, np.ndarray]:
+    """Bytes and dequantised floats of the C quantiser: the host build, or an aarch64 build under QEMU."""
+    exe = bin_dir() / "test-kv-types" if variant is None else REPO / "build" / variant / "bin" / "test-kv-types"
     if not exe.is_file():
-        pytest.fail(f"{exe} not found: build llama.cpp first (`bash ci/build.sh host`) or set S3D8_BIN_DIR")
-    src, q, f = tmp_path / f"{name}.f32", tmp_path / f"{name}.bin", tmp_path / f"{name}.out.f32"
+        pytest.fail(f"{exe} not found: build it first (`bash ci/build.sh {variant or 'host'}`; ci/test.sh does)")
+    cmd = [str(exe)] if variant is None else ["qemu-aarch64", "-cpu", "max", str(exe)]
+    tag = f"{name}-{variant or 'host'}"
+    src, q, f = tmp_path / f"{tag}.f32", tmp_path / f"{tag}.bin", tmp_path / f"{tag}.out.f32"
     np.ascontiguousarray(x, dtype=np.float32).tofile(src)
-    r = subprocess.run([str(exe), "--dump", name, str(n_per_row), str(src), str(q), str(f)],
+    r = subprocess.run(cmd + ["--dump", name, str(n_per_row), str(src), str(q), str(f)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     return q.read_bytes(), np.fromfile(f, dtype=np.float32)
@@ -71,6 +76,19 @@ def test_numpy_reference_gives_the_c_bytes(tmp_path: Path, name: str) -> None:
     assert np.array_equal(py_float[:128], np.zeros(128, np.float32))
     if name != "tq3_0":
         assert np.array_equal(py_float[d:d + 128], np.full(128, 0.75, np.float32))
+
+
+@pytest.mark.parametrize("variant", ["aarch64-dotprod", "aarch64-i8mm"])
+def test_aarch64_quantiser_gives_the_same_bytes(tmp_path: Path, variant: str) -> None:
+    """The phone's cache holds the same bytes: the aarch64 builds (QEMU) quantise exactly as numpy and x86."""
+    if os.environ.get("S3D8_SKIP_CROSS") == "1" or shutil.which("qemu-aarch64") is None:
+        pytest.skip("no aarch64 build or qemu-aarch64 this run (counted as a failure by ci/summarize.py)")
+    rng = np.random.default_rng(14)
+    x = kv_like(rng, 16, 256)
+    for name in ("q4_hqq", "q4_hqq_128", "tq3_0"):
+        q, f = c_quantize(tmp_path, name, x, 256, variant)
+        assert q == kv_types.quantize(name, x), name
+        assert np.array_equal(f.view(np.uint32), kv_types.dequantize(name, q).view(np.uint32)), name
 
 
 def test_reference_errors_on_gaussian_data() -> None:
