@@ -125,6 +125,21 @@ def test_unknown_cache_type_is_refused(base: dict[str, Path]) -> None:
     assert r.returncode != 0 and "Unsupported cache type: tq3_1" in r.stdout + r.stderr
 
 
+def test_quantised_v_without_flash_attention_is_a_clear_error(base: dict[str, Path]) -> None:
+    r = run([tool("llama-perplexity"), "-m", str(base["model"]), "-f", str(base["text"]), "-c", CTX,
+             "--chunks", "1", "-t", THREADS, "-fa", "off", "-ctv", "tq3_0"])
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "quantized V cache requires flash_attn to be enabled" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("name", ["llama-cli", "llama-server", "llama-mtmd-cli", "llama-perplexity"])
+def test_every_tool_lists_the_types(name: str) -> None:
+    """-ctk/-ctv of the common argument parser (llama-bench has its own parser, tested above)."""
+    r = run([tool(name), "--help"])
+    text = " ".join((r.stdout + r.stderr).split())   # the help text wraps the list
+    assert "allowed values: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1, q4_hqq, q4_hqq_128, tq3_0" in text
+
+
 def test_quantised_v_turns_flash_attention_on(base: dict[str, Path]) -> None:
     """-fa auto (the default) with a quantised V: flash attention is enabled, with a log line (an info line
     of llama_init_from_model, shown from verbosity 4 on, -lv 4)."""
