@@ -92,7 +92,7 @@ PROMPT = "Explain in a few sentences how photosynthesis works."
 TOPIC = ("plants", "light", "sunlight", "energy", "glucose", "carbon", "oxygen", "chlorophyll")
 
 
-@pytest.mark.parametrize(("k", "v"), [("q4_hqq", "tq3_0"), ("tq3_0", "tq3_0")])
+@pytest.mark.parametrize(("k", "v"), [("tq3_0", "tq3_0")])   # the 3-bit K the write-up's bug broke
 def test_greedy_answer_stays_on_topic(base: dict[str, Path], k: str, v: str) -> None:
     """Greedy llama-cli answers stay coherent. A 135M model's free-running greedy text forks from the F16
     cache's after a few words with any 4- or 3-bit cache (Q4_0 included), so the check is the confident
@@ -170,9 +170,9 @@ def test_llama_quantize_takes_the_hqq_weight_types(base: dict[str, Path], tmp_pa
     assert log.count("converting to q4_hqq_128") == 4 and log.count("converting to q4_hqq ") == 24, log[-3000:]
     ppl = []
     for m in (base["model"], out):
-        p = run([tool("llama-perplexity"), "-m", str(m), "-f", str(base["text"]), "-c", CTX, "--chunks", "2",
+        p = run([tool("llama-perplexity"), "-m", str(m), "-f", str(base["text"]), "-c", CTX, "--chunks", "1",
                  "-t", THREADS])
         assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
         ppl.append(float(re.search(r"Final estimate: PPL = ([0-9.]+)", p.stdout + p.stderr).group(1)))
-    # measured 9.95 (the Q4_1 original) -> 10.34
+    # measured on 2 chunks: 9.95 (the Q4_1 original) -> 10.34
     assert ppl[1] < 1.1 * ppl[0], ppl
