@@ -3,7 +3,7 @@
 #   set-up → build (host + both aarch64 variants, static, with llama-cli/llama-mtmd-cli/llama-mllama-dump) →
 #   pytest (tests/python/test_phone_path.py runs those aarch64 tools under qemu-aarch64 against x86) → CTest on
 #   x86 → CTest of both aarch64 builds under qemu-aarch64 -cpu max → the fuzz build (clang, ASan + UBSan) and its
-#   CTest: the regression inputs and a bounded run of every fuzz target (S3D8_FUZZ_SECONDS each, default 30;
+#   CTest: the regression inputs and a bounded run of every fuzz target (S3D8_FUZZ_SECONDS each, default 20;
 #   tests/fuzz) → one summary line "N passed, M failed".
 # Every suite runs even when an earlier one fails; the exit status is non-zero on any failure.
 # S3D8_SKIP_CROSS=1 skips the aarch64 builds (reported, and counted as a failure, never as a pass; the phone-path
