@@ -10,8 +10,10 @@ source ci/env.sh
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
 # --- system packages -------------------------------------------------------------------------------
+# clang + libclang-rt-14-dev (libFuzzer and the sanitizer runtimes of Debian 12's clang 14): the fuzz preset
 APT_PACKAGES=(build-essential cmake ninja-build ccache git pkg-config
-              gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user)
+              gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
+              clang libclang-rt-14-dev)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,7 +2,9 @@
 # The project's test command (README; .ci/run calls exactly this):
 #   set-up → build (host + both aarch64 variants, static, with llama-cli/llama-mtmd-cli/llama-mllama-dump) →
 #   pytest (tests/python/test_phone_path.py runs those aarch64 tools under qemu-aarch64 against x86) → CTest on
-#   x86 → CTest of both aarch64 builds under qemu-aarch64 -cpu max → one summary line "N passed, M failed".
+#   x86 → CTest of both aarch64 builds under qemu-aarch64 -cpu max → the fuzz build (clang, ASan + UBSan) and its
+#   CTest: the regression inputs and a bounded run of every fuzz target (S3D8_FUZZ_SECONDS each, default 20;
+#   tests/fuzz) → one summary line "N passed, M failed".
 # Every suite runs even when an earlier one fails; the exit status is non-zero on any failure.
 # S3D8_SKIP_CROSS=1 skips the aarch64 builds (reported, and counted as a failure, never as a pass; the phone-path
 # tests then skip, which counts as failures too).
@@ -36,6 +38,16 @@ for preset in "${presets[@]}"; do
     printf '\033[1m[test]\033[0m ctest %s\n' "$preset" >&2
     ctest --preset "$preset" --output-junit "$PWD/$results/ctest-$preset.xml" || status=1
 done
+
+# the loaders' fuzz targets (docs/reliability.md, "Fuzzing the loaders"): ASan + UBSan build, replay of the
+# regression inputs, then a bounded run per target; any crash or sanitizer report fails its test
+if bash ci/build.sh fuzz; then
+    printf '\033[1m[test]\033[0m ctest fuzz\n' >&2
+    ctest --preset fuzz --output-junit "$PWD/$results/ctest-fuzz.xml" || status=1
+else
+    echo "build of fuzz failed" > "$results/build-fuzz.failed"
+    status=1
+fi
 
 "$PY" ci/summarize.py "$results" || status=1
 exit $status
