@@ -15,6 +15,7 @@ Layouts (little endian, per block):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 import numpy as np
@@ -186,22 +187,24 @@ def dequantize_tq3_0(data: bytes) -> FloatArray:
     return (d * TQ3_LEVELS.astype(F32)[tq3_indices(data)]).reshape(-1).astype(F32)
 
 
+#: The KV types by name: (quantise, dequantise).
+_CODECS: Final[dict[str, tuple[Callable[[npt.ArrayLike], bytes], Callable[[bytes], FloatArray]]]] = {
+    "q4_hqq": (lambda x: quantize_hqq(x, 32), lambda d: dequantize_hqq(d, 32)),
+    "q4_hqq_128": (lambda x: quantize_hqq(x, 128), lambda d: dequantize_hqq(d, 128)),
+    "tq3_0": (quantize_tq3_0, dequantize_tq3_0),
+}
+
+
+def _codec(name: str) -> tuple[Callable[[npt.ArrayLike], bytes], Callable[[bytes], FloatArray]]:
+    if name not in _CODECS:
+        raise ValueError(f"unknown KV type {name!r}")
+    return _CODECS[name]
+
+
 def quantize(name: str, x: npt.ArrayLike) -> bytes:
     """Bytes of type `name` (q4_hqq, q4_hqq_128, tq3_0) of a float array (size a multiple of the block)."""
-    if name == "q4_hqq":
-        return quantize_hqq(x, 32)
-    if name == "q4_hqq_128":
-        return quantize_hqq(x, 128)
-    if name == "tq3_0":
-        return quantize_tq3_0(x)
-    raise ValueError(f"unknown KV type {name!r}")
+    return _codec(name)[0](x)
 
 
 def dequantize(name: str, data: bytes) -> FloatArray:
-    if name == "q4_hqq":
-        return dequantize_hqq(data, 32)
-    if name == "q4_hqq_128":
-        return dequantize_hqq(data, 128)
-    if name == "tq3_0":
-        return dequantize_tq3_0(data)
-    raise ValueError(f"unknown KV type {name!r}")
+    return _codec(name)[1](data)

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.mllama.tiny_model import byte_to_unicode
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = REPO_ROOT / "tests" / "data" / "s3d8_golden"
 DEFAULT_OUT = REPO_ROOT / "tests" / "data" / "fuzz" / "seeds"
@@ -104,18 +106,9 @@ class Model:
 
 
 def _byte_tokens() -> list[str]:
-    """GPT-2's byte-to-unicode map: the 256 byte tokens of a byte-level BPE vocabulary."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
-        list(range(ord("\xae"), ord("\xff") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs))
-    return [chr(table[b]) for b in range(256)]
+    """The 256 byte tokens of a byte-level BPE vocabulary, in byte order."""
+    table = byte_to_unicode()
+    return [table[b] for b in range(256)]
 
 
 MERGES = [("\u0120", "t"), ("h", "e"), ("\u0120t", "he")]

@@ -148,9 +148,8 @@ def build_tokenizer():
     return fast
 
 
-def token_bytes(tok, ids: list[int]) -> bytes:
-    """The bytes that tokens of a byte-level BPE tokenizer (this module's toy one) stand for, through GPT-2's
-    byte <-> printable character map; the answer of a random model need not be valid UTF-8, so tests compare bytes."""
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map of byte-level BPE vocabularies (the 256 byte tokens)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
@@ -159,7 +158,13 @@ def token_bytes(tok, ids: list[int]) -> bytes:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    byte_of = {chr(c): b for b, c in zip(bs, cs)}
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def token_bytes(tok, ids: list[int]) -> bytes:
+    """The bytes that tokens of a byte-level BPE tokenizer (this module's toy one) stand for, through GPT-2's
+    byte <-> printable character map; the answer of a random model need not be valid UTF-8, so tests compare bytes."""
+    byte_of = {c: b for b, c in byte_to_unicode().items()}
     return b"".join(bytes(byte_of[c] for c in piece) for piece in tok.convert_ids_to_tokens(ids))
 
 
