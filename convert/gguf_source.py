@@ -48,10 +48,6 @@ class GgufSource:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:  # register S3D8 with gguf-py first, so files that contain S3D8 tensors can be read
-            import gguf_s3d8  # noqa: F401
-        except ImportError:
-            pass
         try:
             self.reader = gguf.GGUFReader(path)
         except (ValueError, OSError) as e:

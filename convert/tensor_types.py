@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Callable, Final, Mapping, Sequence
 
@@ -45,13 +46,14 @@ _FILE_TYPES: Final[dict[str, int]] = {
 }
 
 def s3d8_codec() -> ModuleType:
-    """Import the S3D8 codec (which registers the type with gguf-py) or explain why it is unavailable."""
+    """Import the S3D8 codec or explain why it is unavailable (the type itself is the series' gguf-py's)."""
     try:
-        import gguf_s3d8  # noqa: F401  (import registers GGMLQuantizationType.S3D8)
+        import gguf_s3d8  # noqa: F401
     except ImportError as e:
         raise ConvertError(f"--type s3d8 needs the project's codec package gguf_s3d8, which failed to import: {e}") from e
     if not hasattr(QT, "S3D8"):
-        raise ConvertError("gguf_s3d8 did not register GGMLQuantizationType.S3D8 with the gguf package")
+        raise ConvertError(f"the gguf package in use ({Path(gguf.__file__).parent}) does not define S3D8: the "
+                           "converter needs the patch series' gguf-py (python ci/patches.py apply)")
     return gguf_s3d8
 
 
@@ -66,7 +68,7 @@ def qtype_of(type_name: str) -> QT:
 def file_type_of(type_name: str) -> int:
     """``general.file_type`` for a requested ``--type`` (the type of most big matrices)."""
     if type_name == "s3d8":
-        s3d8_codec()  # importing the codec registers gguf.LlamaFileType.MOSTLY_S3D8 (llama.cpp's ftype 96)
+        s3d8_codec()
         return int(gguf.LlamaFileType.MOSTLY_S3D8)
     return _FILE_TYPES[type_name]
 

@@ -4,9 +4,9 @@ this converter drives.
 The tree is the one the project builds from: ``<repo>/work/llama.cpp`` (``python ci/patches.py apply``), or
 ``$S3D8_LLAMA_CPP_DIR`` when set (as CMake's ``LLAMA_CPP_DIR``). Its ``gguf-py`` is *the* ``gguf`` of a converter
 process: importing the ``convert`` package loads it as ``gguf`` before anything else imports one, so upstream's
-model classes, our writer and the S3D8 codec's registration all see one module (the series' patch 0005 already
-defines ``GGMLQuantizationType.S3D8`` and ``LlamaFileType.MOSTLY_S3D8`` there). A ``gguf`` a process imported
-before (the PyPI one) is replaced in ``sys.modules`` (:func:`put_tree_gguf_first`).
+model classes, our writer and the S3D8 codec all see one module, the one that defines S3D8 (the series' patch
+"gguf-py : add S3D8"). Loading it is :func:`gguf_s3d8.gguf_py.use_series_gguf` (``put_tree_gguf_first`` here): the
+codec's import does the same, for the tools that read GGUFs without converting.
 
 Once imported, upstream's ``conversion`` package and ``convert_hf_to_gguf`` stay in ``sys.modules``; neither the
 tree's root nor its gguf-py folder stays on ``sys.path`` (their ``tests``/``tools`` would shadow ours).
@@ -14,58 +14,18 @@ tree's root nor its gguf-py folder stays on ``sys.path`` (their ``tests``/``tool
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
+from gguf_s3d8.gguf_py import gguf_py_dir, tree_dir
+from gguf_s3d8.gguf_py import is_series_gguf as _is_tree_gguf
+from gguf_s3d8.gguf_py import use_series_gguf as put_tree_gguf_first
+
 from .errors import ConvertError
 
-_REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def tree_dir() -> Path:
-    """The patched llama.cpp tree: ``$S3D8_LLAMA_CPP_DIR`` or ``<repo>/work/llama.cpp``."""
-    env = os.environ.get("S3D8_LLAMA_CPP_DIR")
-    return Path(env).expanduser().resolve() if env else _REPO_ROOT / "work" / "llama.cpp"
-
-
-def gguf_py_dir() -> Path:
-    return tree_dir() / "gguf-py"
-
-
-def put_tree_gguf_first() -> None:
-    """Make the tree's gguf-py the process's ``gguf`` (a no-op without a tree, or when it is ``gguf`` already).
-
-    Only the ``gguf`` package itself is loaded from ``gguf-py/`` - that folder is not put on ``sys.path``, where
-    its ``tests`` package would shadow this repository's ``tests``. A ``gguf`` imported earlier (PyPI's, e.g. by a
-    tool that reads GGUFs before it converts) is replaced in ``sys.modules``: modules that bound it keep using it
-    (reading files, enums that compare by value), everything imported from now on - the converter, upstream's code -
-    gets the tree's.
-    """
-    init = gguf_py_dir() / "gguf" / "__init__.py"
-    if not init.is_file() or ("gguf" in sys.modules and _is_tree_gguf(sys.modules["gguf"])):
-        return
-    previous = {k: m for k, m in sys.modules.items() if k == "gguf" or k.startswith("gguf.")}
-    for k in previous:
-        del sys.modules[k]
-    spec = importlib.util.spec_from_file_location("gguf", init, submodule_search_locations=[str(init.parent)])
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gguf"] = mod
-    try:
-        spec.loader.exec_module(mod)
-    except BaseException:
-        for k in [k for k in sys.modules if k == "gguf" or k.startswith("gguf.")]:
-            del sys.modules[k]
-        sys.modules.update(previous)
-        raise
-
-
-def _is_tree_gguf(mod: ModuleType) -> bool:
-    f = getattr(mod, "__file__", None)
-    return f is not None and Path(f).resolve().is_relative_to((gguf_py_dir() / "gguf").resolve())
+__all__ = ["gguf_py_dir", "put_tree_gguf_first", "tree_dir", "upstream_converter"]
 
 
 def upstream_converter() -> ModuleType:

@@ -1,8 +1,9 @@
 """S3D8: 2.7-bit vector-quantised weights (three rows per byte) for GGUF / llama.cpp, in numpy.
 
 This package is the reference implementation of docs/s3d8-format.md: the C type and kernels and the torch
-QAT fake-quantiser must agree with it bit for bit. Importing it registers the S3D8 type (id 96) with the
-installed gguf-py package, so GGUFWriter / GGUFReader / gguf-dump handle S3D8 tensors.
+QAT fake-quantiser must agree with it bit for bit. Importing it makes the patch series' gguf-py (which defines
+the S3D8 type, id 96) the process's ``gguf`` (``gguf_s3d8.gguf_py``), so GGUFWriter / GGUFReader / gguf-dump
+handle S3D8 tensors.
 
 Typical use::
 
@@ -31,7 +32,7 @@ from .constants import (
 from .container import S3D8Container, read_container, write_container
 from .eligibility import body_offset, container_nbytes, is_s3d8_eligible, row_nbytes, s3d8_ineligibility
 from .errors import S3D8Error, S3D8FormatError, S3D8IneligibleError, S3D8InputError
-from .gguf_registration import S3D8RegistrationError, register_with_gguf
+from .gguf_py import S3D8GgufError, s3d8_gguf_type, series_gguf, use_series_gguf
 from .packing import decode_bytes, decode_tables, pack_bytes, sign_bits, unpack_bytes
 from .quantize import (
     decode_int8,
@@ -42,22 +43,17 @@ from .quantize import (
 from .reference import reference_matmul
 from .scales import absmax_scale_bf16, normalise
 
-try:
-    import gguf as _gguf  # noqa: F401
-except ImportError:  # the codec works without gguf-py; only GGUF I/O needs it
-    pass
-else:
-    register_with_gguf()
+use_series_gguf()  # no import of gguf without the tree: the codec works without gguf-py, only GGUF I/O needs it
 
 __all__ = [
     "BLOCK_SIZE", "CENTROID_RULES", "DEFAULT_CENTROID_RULE", "MAGIC", "N_CENTROIDS", "S3D8_TYPE_ID",
     "S3D8_TYPE_NAME", "TYPE_SIZE", "VERSION",
     "S3D8Container", "S3D8Error", "S3D8FormatError", "S3D8IneligibleError", "S3D8InputError",
-    "S3D8RegistrationError",
+    "S3D8GgufError",
     "absmax_scale_bf16", "apply_centroid_rule", "bf16_bits_to_fp32", "bf16_round", "body_offset",
     "centroid_distances", "container_nbytes", "decode_bytes", "decode_int8", "decode_tables",
     "dequantize_s3d8", "fit_codebook", "fp32_to_bf16_bits", "is_s3d8_eligible", "nearest_centroid",
     "normalise", "pack_bytes", "quantize_activations", "quantize_s3d8", "quantize_s3d8_with_codebook",
-    "read_container", "reference_matmul", "register_with_gguf", "row_nbytes", "s3d8_ineligibility",
-    "sign_bits", "unpack_bytes", "write_container",
+    "read_container", "reference_matmul", "row_nbytes", "s3d8_gguf_type", "s3d8_ineligibility", "series_gguf",
+    "sign_bits", "unpack_bytes", "use_series_gguf", "write_container",
 ]

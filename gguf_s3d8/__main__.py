@@ -3,7 +3,7 @@
 inspect  list every tensor (name, type, shape, bits per weight, S3D8 codebook summary), validate every S3D8
          container and print a summary; exit status 1 if any container is corrupt, 2 if the file cannot
          be read.
-dump     run gguf-py's gguf-dump with S3D8 registered, so S3D8 tensors are listed (all gguf-dump options
+dump     run the series' gguf-py's gguf-dump (which knows S3D8), so S3D8 tensors are listed (all gguf-dump options
          pass through, e.g. ``--markdown``, ``--json``).
 """
 
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
                                     "valid, 1 some S3D8 container corrupt, 2 file unreadable.")
     pi.add_argument("file", help="GGUF file")
     pi.add_argument("--quiet", "-q", action="store_true", help="print only errors and the summary line")
-    pd = sub.add_parser("dump", help="gguf-dump with S3D8 registered (options pass through)", add_help=False)
+    pd = sub.add_parser("dump", help="the series' gguf-dump, which knows S3D8 (options pass through)", add_help=False)
     pd.add_argument("args", nargs=argparse.REMAINDER, help="arguments for gguf-dump (FILE and its options)")
     return p
 
@@ -60,9 +60,9 @@ def _inspect(path: str, quiet: bool) -> int:
 
 
 def _dump(args: list[str]) -> int:
-    from .gguf_registration import register_with_gguf
+    from .gguf_py import series_gguf
 
-    register_with_gguf()
+    series_gguf()
     from gguf.scripts import gguf_dump
 
     saved = sys.argv

@@ -12,7 +12,7 @@ import numpy as np
 from .constants import S3D8_TYPE_NAME
 from .container import read_container
 from .errors import S3D8Error
-from .gguf_registration import register_with_gguf
+from .gguf_py import series_gguf
 
 
 @dataclass(frozen=True)
@@ -113,11 +113,8 @@ def inspect_tensor(tensor: Any) -> TensorReport:
 
 
 def inspect_gguf(path: str | Path) -> FileReport:
-    """Read a GGUF file with gguf-py (after registering S3D8) and report on every tensor."""
-    register_with_gguf()
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path), "r")
+    """Read a GGUF file with the series' gguf-py (which defines S3D8) and report on every tensor."""
+    reader = series_gguf().GGUFReader(str(path), "r")
     return FileReport(str(path), tuple(inspect_tensor(t) for t in reader.tensors))
 
 

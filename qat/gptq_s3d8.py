@@ -277,12 +277,10 @@ def gptq_s3d8_model(model_dir: Path, calibration: Calibration, *, fallback_type:
 
 def start_containers(path: Path, names: set[str]) -> dict[str, np.ndarray]:
     """The S3D8 containers of ``names`` in the GGUF ``path`` (GPTQError if the file lacks one or is no S3D8 GGUF)."""
-    import gguf
-
-    import gguf_s3d8  # noqa: F401  (registers the S3D8 type with gguf-py)
+    from gguf_s3d8 import series_gguf  # the patch series' gguf-py, which defines S3D8
 
     try:
-        reader = gguf.GGUFReader(path)
+        reader = series_gguf().GGUFReader(path)
     except (OSError, ValueError) as e:
         raise GPTQError(f"--start {path}: cannot read the GGUF ({e})") from e
     found = {t.name: np.array(t.data, dtype=np.uint8) for t in reader.tensors

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import gguf
+import gguf_s3d8  # noqa: F401, I001  (first: makes the patch series' gguf-py, which defines S3D8, the process's gguf)
 
-import gguf_s3d8  # noqa: F401  (registers the S3D8 type with gguf-py)
+import gguf
 from convert import assets
 from convert.to_gguf import main as convert_main
 

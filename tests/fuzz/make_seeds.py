@@ -37,12 +37,9 @@ DEFAULT_OUT = REPO_ROOT / "tests" / "data" / "fuzz" / "seeds"
 
 
 def _gguf():
-    import gguf
+    from gguf_s3d8.gguf_py import series_gguf
 
-    from gguf_s3d8.gguf_registration import register_with_gguf
-
-    register_with_gguf()
-    return gguf
+    return series_gguf()
 
 
 def _rng(name: str) -> np.random.Generator:

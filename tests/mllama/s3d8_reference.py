@@ -15,10 +15,9 @@ import numpy as np
 
 
 def _gguf_tensors(path: Path) -> dict[str, tuple[str, np.ndarray]]:
-    import gguf
-    import gguf_s3d8  # noqa: F401  (registers the S3D8 type with gguf)
+    from gguf_s3d8 import series_gguf  # the patch series' gguf-py, which defines S3D8
 
-    reader = gguf.GGUFReader(path)
+    reader = series_gguf().GGUFReader(path)
     return {t.name: (t.tensor_type.name, np.asarray(t.data)) for t in reader.tensors}
 
 

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import gguf_s3d8
-from gguf_s3d8 import S3D8_TYPE_ID, dequantize_s3d8, quantize_s3d8, register_with_gguf
+from gguf_s3d8 import S3D8_TYPE_ID, dequantize_s3d8, quantize_s3d8, s3d8_gguf_type
+from gguf_s3d8.gguf_py import is_series_gguf
+from gguf_s3d8.importance import quantize_s3d8_importance
 from gguf_s3d8.__main__ import main as cli_main
 from gguf_s3d8.eligibility import body_offset
 
@@ -20,16 +22,28 @@ REPO = Path(__file__).resolve().parents[2]
 T = gguf.GGMLQuantizationType
 
 
-def test_registration_is_a_real_idempotent_enum_member() -> None:
-    before = list(T)
-    assert register_with_gguf() is T.S3D8
-    assert register_with_gguf() is T.S3D8
-    assert list(T) == before
-    assert T(S3D8_TYPE_ID) is T.S3D8 is T["S3D8"]
+def test_s3d8_is_the_series_gguf_py_s_own_member() -> None:
+    assert is_series_gguf(gguf)
+    assert s3d8_gguf_type() is T.S3D8 is T(S3D8_TYPE_ID) is T["S3D8"]
     assert int(T.S3D8) == 96 and T.S3D8.name == "S3D8" and isinstance(T.S3D8, int)
     assert gguf.GGML_QUANT_SIZES[T.S3D8] == (128, 43)
-    assert T(8) is T.Q8_0 and gguf.GGML_QUANT_SIZES[T.Q8_0] == (32, 34)     # others untouched
     assert sum(1 for m in T if int(m) == 96) == 1
+
+
+def test_gguf_quants_s3d8_is_whole_slice_and_backed_by_the_codec() -> None:
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((2, 192, 1024)).astype(np.float32)     # a stack of two slices
+    q = gguf.quants.quantize(w, T.S3D8)
+    assert q.dtype == np.uint8 and q.shape == (2, 192, 1024 * 43 // 128)
+    for e in range(2):  # one container and codebook per slice, as ggml_quantize_chunk without an imatrix
+        np.testing.assert_array_equal(q[e], quantize_s3d8_importance(w[e]))
+    np.testing.assert_array_equal(gguf.quants.dequantize(q, T.S3D8), dequantize_s3d8(q))
+    assert gguf.quants.quant_shape_from_byte_shape(q.shape, T.S3D8) == w.shape
+    assert not gguf.quants.S3D8.can_quantize(np.zeros((4, 1024), np.float32))    # too few rows for a container
+    with pytest.raises(gguf.quants.QuantError):
+        gguf.quants.quantize(np.zeros((4, 1024), np.float32), T.S3D8)
+    with pytest.raises(gguf.quants.QuantError):
+        gguf.quants.S3D8.quantize_blocks(np.zeros((1, 128), np.float32))
 
 
 def write_model(path: Path, tensors: dict[str, tuple[np.ndarray, object]]) -> None:
@@ -120,10 +134,14 @@ def test_dump_lists_s3d8_tensors(model) -> None:
     assert tensors["blk.0.ffn_up.weight"]["shape"][:2] == [2048, 248]
 
 
-def test_import_registers(model) -> None:
-    r = subprocess.run([sys.executable, "-c",
-                        "import gguf_s3d8, gguf; print(int(gguf.GGMLQuantizationType.S3D8), "
-                        "gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(96)])"],
-                       capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO)}, timeout=120)
-    assert r.stdout.split() == ["96", "(128,", "43)"], r.stderr
+def test_import_loads_the_series_gguf_py_and_leaves_pypi_s_alone() -> None:
+    # a process that imported PyPI's gguf first: gguf_s3d8 puts the series' gguf-py in its place and does not
+    # touch the old module's enum (no registration into a foreign package)
+    code = ("import gguf as pypi; had = hasattr(pypi.GGMLQuantizationType, 'S3D8'); "
+            "import gguf_s3d8, gguf; "
+            "print(had, hasattr(pypi.GGMLQuantizationType, 'S3D8'), gguf is not pypi, "
+            "int(gguf.GGMLQuantizationType.S3D8), gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(96)])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env={"PYTHONPATH": str(REPO)}, timeout=120)
+    assert r.stdout.split() == ["False", "False", "True", "96", "(128,", "43)"], r.stderr
     assert gguf_s3d8.S3D8_TYPE_ID == 96

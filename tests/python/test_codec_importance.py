@@ -19,7 +19,7 @@ import pytest
 
 import gguf
 
-import gguf_s3d8  # noqa: F401  (registers S3D8 with gguf-py)
+import gguf_s3d8  # noqa: F401  (the series' gguf-py, which defines S3D8)
 from convert import assets
 from convert.to_gguf import main as convert_main
 from gguf_s3d8 import dequantize_s3d8, quantize_s3d8

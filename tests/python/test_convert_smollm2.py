@@ -168,7 +168,6 @@ def test_s3d8_output_runs_in_llama_cpp(hf_dir: Path, outputs: Path, tmp_path: Pa
     would blow the S3D8 one up."""
     s3d8 = outputs / "s3d8-f16-fallback.gguf"
     assert main([str(hf_dir), "--type", "s3d8", "--fallback-type", "f16", "-o", str(s3d8), "--no-progress"]) == 0
-    import gguf_s3d8  # noqa: F401  (registers S3D8 with gguf-py)
 
     types = [t.tensor_type.name for t in gguf.GGUFReader(s3d8).tensors]
     assert types.count("S3D8") == 30 and types.count("F16") == 181

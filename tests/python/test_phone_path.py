@@ -143,7 +143,6 @@ def chat_ids(tok, content) -> list[int]:
 
 def gguf_types(path: Path) -> dict[str, str]:
     import gguf
-    import gguf_s3d8  # noqa: F401  (registers S3D8 with gguf)
 
     return {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
 
