@@ -48,8 +48,7 @@ use_series_gguf()  # no import of gguf without the tree: the codec works without
 __all__ = [
     "BLOCK_SIZE", "CENTROID_RULES", "DEFAULT_CENTROID_RULE", "MAGIC", "N_CENTROIDS", "S3D8_TYPE_ID",
     "S3D8_TYPE_NAME", "TYPE_SIZE", "VERSION",
-    "S3D8Container", "S3D8Error", "S3D8FormatError", "S3D8IneligibleError", "S3D8InputError",
-    "S3D8GgufError",
+    "S3D8Container", "S3D8Error", "S3D8FormatError", "S3D8GgufError", "S3D8IneligibleError", "S3D8InputError",
     "absmax_scale_bf16", "apply_centroid_rule", "bf16_bits_to_fp32", "bf16_round", "body_offset",
     "centroid_distances", "container_nbytes", "decode_bytes", "decode_int8", "decode_tables",
     "dequantize_s3d8", "fit_codebook", "fp32_to_bf16_bits", "is_s3d8_eligible", "nearest_centroid",

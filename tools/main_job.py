@@ -34,15 +34,13 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-import gguf_s3d8  # noqa: F401, I001  (first: makes the patch series' gguf-py, which defines S3D8, the process's gguf)
-
-import gguf
 from convert import assets
 from convert.to_gguf import main as convert_main
+from gguf_s3d8 import series_gguf  # the patch series' gguf-py, which defines S3D8
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("S3D8_BIN_DIR", REPO / "build" / "host" / "bin"))
@@ -133,13 +131,13 @@ def timed(make: Callable[[], Path], out: Path, times: dict[str, float]) -> Path:
 
 
 def tensor_table(path: Path) -> dict[str, tuple[str, bytes]]:
-    reader = gguf.GGUFReader(path)
+    reader = series_gguf().GGUFReader(path)
     return {t.name: (t.tensor_type.name, bytes(t.data.tobytes())) for t in reader.tensors}
 
 
 def size_stats(path: Path, variant_type: str) -> tuple[float, float, float]:
     """(MiB on disk, bits per weight over all tensors, share of weights stored in ``variant_type``)."""
-    reader = gguf.GGUFReader(path)
+    reader = series_gguf().GGUFReader(path)
     n = sum(int(t.n_elements) for t in reader.tensors)
     nbytes = sum(int(t.n_bytes) for t in reader.tensors)
     in_type = sum(int(t.n_elements) for t in reader.tensors if t.tensor_type.name == variant_type)
