@@ -269,9 +269,14 @@ class UpstreamSource:
             if out_type == "s3d8" and o.follows_type and qtype == requested_qt:
                 qtype = choose_type(o.name, shape, "s3d8", fallback_type).qtype
             n = int(self._model.model_tensors[hf]().shape[0]) if shape else 1
-            ids = torch.arange(n, dtype=torch.int64).reshape(n, *([1] * (len(shape) - 1)))
-            bid = next((int(p) for p in hf.split(".") if p.isdecimal()), None)
-            moved = list(self._call(f"laying out {hf}", lambda: list(scratch.modify_tensors(ids, hf, bid))))
+            ids = torch.arange(n, dtype=torch.int64).reshape(n, *([1] * (len(shape) - 1))) if shape else \
+                torch.zeros((), dtype=torch.int64)
+            bid = next((int(p) for p in hf.split(".") if p.isdecimal()), None)  # as upstream's prepare_tensors
+
+            def lay_out(ids: Any = ids, hf: str = hf, bid: int | None = bid) -> list[tuple[str, Any]]:
+                return list(scratch.modify_tensors(ids, hf, bid))
+
+            moved: list[tuple[str, Any]] = self._call(f"laying out {hf}", lay_out)
             if len(moved) != 1 or moved[0][0] != o.name or tuple(moved[0][1].shape) != tuple(ids.shape):
                 raise ConvertError(f"{self.model_dir}: upstream's layout of {hf} is not a row reordering; QAT and "
                                    "GPTQ cannot plan it")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection
 
 import numpy as np
 import torch

@@ -24,7 +24,6 @@ from gguf import GGMLQuantizationType as QT
 
 from convert import assets
 from convert.common import ConversionOptions, write_gguf
-from convert.errors import ConvertError
 from convert.synthetic import llama_tensors, write_tiny_llama
 from convert.tensor_types import choose_type
 from convert.to_gguf import main, open_source
