@@ -17,6 +17,11 @@ classes override):
 where S3D8 can hold it (``convert.tensor_types.choose_type``), else as ``--fallback-type`` (F16: upstream's bytes);
 every other tensor, every key (but ``general.file_type``) and the order of both are upstream's F16 file's.
 Writing streams one tensor at a time (atomic, ``convert.common.write_plan``).
+
+``UpstreamSource(..., mmproj=True)`` does the same with upstream's ``MmprojModel`` class of the architecture (what
+``convert_hf_to_gguf.py --mmproj`` writes; mllama's vision file). :meth:`UpstreamSource.weight_placements` and
+:func:`checkpoint_placements` give QAT and GPTQ the plan of every checkpoint tensor (GGUF name, shape, type, row
+order) from the same classes.
 """
 
 from __future__ import annotations
