@@ -1,8 +1,8 @@
 """``--qat-checkpoint``: write a QAT student (``qat.train``) instead of the HF weights, bit-exactly.
 
 The HF directory still provides the configuration and tokenizer; every tensor the checkpoint holds replaces the
-HF one (fp32 master weights, laid out for llama.cpp by upstream's ``modify_tensors`` - text checkpoints - or by the
-source's own ``layout`` - mllama), and every S3D8 matrix is
+HF one (fp32 master weights, laid out for llama.cpp by upstream's ``modify_tensors``; mllama: the text file and the
+vision file each take the weights their model class holds), and every S3D8 matrix is
 encoded with the codebook frozen in the checkpoint (``gguf_s3d8.quantize_s3d8_with_codebook``; with the frozen
 scales of a student started from GPTQ, ``gguf_s3d8.importance.quantize_s3d8_with_scales``), so the file's
 dequantised weights equal the student's fake-quantised weights bit for bit. The checkpoint records the type
@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from .common import ConversionOptions, ModelSource, TensorJob, planned_types
+from .common import ConversionOptions, planned_types
 from .errors import ConvertError
-from .tensor_types import choose_type
 
 
 def read_qat_checkpoint(path: Path) -> dict[str, Any]:
@@ -44,43 +43,7 @@ def apply_qat_checkpoint(source: Any, path: Path, options: ConversionOptions) ->
     ck = read_qat_checkpoint(path)
     if hasattr(source, "replace_weights"):
         return _apply_to_upstream_source(source, ck, path, options)
-    layout: Callable[[str, np.ndarray], np.ndarray] | None = getattr(source, "layout", None)
-    if layout is None:
-        raise ConvertError("--qat-checkpoint needs an HF checkpoint directory of the teacher as MODEL")
-    # sources whose checkpoint naming may differ from the student's (mllama) match names in a canonical form;
-    # a model written as several files (mllama: text + mmproj) takes the weights that its file holds
-    canonical: Callable[[str], str | None] = getattr(source, "canonical", lambda n: n)
-    owns: Callable[[str], bool] = getattr(source, "owns_weight", lambda n: True)
-    weights = {canonical(k): v for k, v in ck["model"].items() if owns(k)}
-    specs = {s["gguf_name"]: s for s in ck["specs"].values() if owns(s["hf_name"])}
-    jobs: list[TensorJob] = []
-    codebooks: dict[str, np.ndarray] = {}
-    scales: dict[str, np.ndarray] = {}
-    for job in source.tensor_jobs():
-        trained = weights.get(canonical(job.source))
-        if trained is None:
-            jobs.append(job)
-            continue
-        w = trained.detach().float().numpy()
-        if tuple(w.shape) != tuple(job.shape):
-            raise ConvertError(f"{path}: tensor {job.source} has shape {tuple(w.shape)}, the model has {job.shape}")
-        spec = specs.get(job.name)
-        if spec is not None:
-            planned = choose_type(job.name, job.shape, options.out_type, options.fallback_type).qtype.name.lower()
-            if planned != spec["qtype"]:
-                raise ConvertError(f"{path}: {job.name} was trained as {spec['qtype'].upper()} but this conversion "
-                                   f"writes {planned.upper()} (check --type / --fallback-type)")
-            if spec["codebook"] is not None:
-                codebooks[job.name] = spec["codebook"].numpy()
-            if spec.get("scales") is not None:  # a student started from GPTQ / iw1: frozen scales
-                scales[job.name] = spec["scales"].numpy().astype(np.uint16)
-        jobs.append(TensorJob(job.name, job.shape, (lambda n=job.source, a=w: layout(n, a)), f"{path.name}:{job.source}"))
-    missing = set(specs) - {j.name for j in jobs}
-    if missing:
-        raise ConvertError(f"{path}: trained weights {sorted(missing)} have no place in the model")
-    # the checkpoint fixes every S3D8 tensor it trained; any other keeps the reference encoder, as before
-    return _Replaced(source, jobs), replace(options, s3d8=replace(options.s3d8, codebooks=codebooks, scales=scales,
-                                                                  encoder="reference"))
+    raise ConvertError("--qat-checkpoint needs an HF checkpoint directory of the teacher as MODEL")
 
 
 def _apply_to_upstream_source(source: Any, ck: dict[str, Any], path: Path,
@@ -115,16 +78,3 @@ def _apply_to_upstream_source(source: Any, ck: dict[str, Any], path: Path,
         if spec.get("scales") is not None:  # a student started from GPTQ / iw1: frozen scales
             scales[name] = spec["scales"].numpy().astype(np.uint16)
     return source, replace(options, s3d8=replace(options.s3d8, codebooks=codebooks, scales=scales, encoder="reference"))
-
-
-class _Replaced:
-    """``source`` with other tensor jobs (metadata unchanged)."""
-
-    def __init__(self, source: ModelSource, jobs: list[TensorJob]) -> None:
-        self._source, self._jobs, self.arch = source, jobs, source.arch
-
-    def tensor_jobs(self) -> list[TensorJob]:
-        return self._jobs
-
-    def add_metadata(self, writer: Any, options: ConversionOptions) -> None:
-        self._source.add_metadata(writer, options)

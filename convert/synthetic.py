@@ -146,3 +146,23 @@ def train_sentencepiece(text: str, out_dir: Path, *, vocab_size: int = 1000, mod
         "tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
         "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, indent=1) + "\n")
     return out_dir
+
+
+def train_byte_level_bpe(text: str, out_dir: Path, *, vocab_size: int = 400) -> Path:
+    """A byte-level BPE tokenizer (GPT-2 style ``tokenizer.json`` + ``tokenizer_config.json``; ``<|endoftext|>`` = 0,
+    also BOS and EOS) trained on ``text`` with the ``tokenizers`` package, in ``out_dir``. Its probe encoding
+    matches none of upstream's known pre-tokenizers: a conversion names one with ``--tokenizer-pre``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text], trainer=trainer)
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+        "add_bos_token": False}, indent=1) + "\n")
+    return out_dir

@@ -17,6 +17,11 @@ classes override):
 where S3D8 can hold it (``convert.tensor_types.choose_type``), else as ``--fallback-type`` (F16: upstream's bytes);
 every other tensor, every key (but ``general.file_type``) and the order of both are upstream's F16 file's.
 Writing streams one tensor at a time (atomic, ``convert.common.write_plan``).
+
+``UpstreamSource(..., mmproj=True)`` does the same with upstream's ``MmprojModel`` class of the architecture (what
+``convert_hf_to_gguf.py --mmproj`` writes; mllama's vision file). :meth:`UpstreamSource.weight_placements` and
+:func:`checkpoint_placements` give QAT and GPTQ the plan of every checkpoint tensor (GGUF name, shape, type, row
+order) from the same classes.
 """
 
 from __future__ import annotations
@@ -101,12 +106,26 @@ class _Output:
     follows_type: bool
 
 
-class UpstreamSource:
-    """An HF checkpoint directory converted through upstream's model class for its architecture."""
+@dataclass(frozen=True)
+class WeightPlacement:
+    """Where a conversion puts one checkpoint tensor (:meth:`UpstreamSource.weight_placements`)."""
 
-    def __init__(self, model_dir: Path, *, tokenizer_pre: str | None = None, verbose: bool = False) -> None:
+    gguf_name: str
+    shape: tuple[int, ...]     # numpy order, as written
+    qtype: QT
+    rows: np.ndarray | None    # GGUF row r = checkpoint row rows[r]; None when the rows keep their order
+
+
+class UpstreamSource:
+    """An HF checkpoint directory converted through upstream's model class for its architecture: the text model
+    (``TextModel`` subclass), or with ``mmproj`` the vision/audio encoder file (``MmprojModel`` subclass, what
+    ``convert_hf_to_gguf.py --mmproj`` writes)."""
+
+    def __init__(self, model_dir: Path, *, tokenizer_pre: str | None = None, verbose: bool = False,
+                 mmproj: bool = False) -> None:
         self.model_dir = model_dir
         self.tokenizer_pre = tokenizer_pre
+        self.mmproj = mmproj
         self._verbose = verbose
         self._weights: Mapping[str, Any] | None = None
         self._weights_label = ""
@@ -119,12 +138,13 @@ class UpstreamSource:
             raise ConvertError(f"{model_dir / 'config.json'}: no 'architectures' entry; cannot tell which model this is")
         self.hf_arch = str(archs[0])
         try:
-            self._cls = _hooked_class(up.get_model_class(self.hf_arch))
+            self._cls = _hooked_class(up.get_model_class(self.hf_arch, mmproj=mmproj))
         except NotImplementedError:
-            raise ConvertError(f"{model_dir / 'config.json'}: unsupported architecture {self.hf_arch!r} (not one "
-                               "upstream's convert_hf_to_gguf.py converts; `python work/llama.cpp/convert_hf_to_gguf.py "
-                               "--print-supported-models` lists them)") from None
-        if not any((model_dir / f).is_file() for f in _TOKENIZER_FILES):
+            what = "has no vision/audio model class in" if mmproj else "is not one"
+            raise ConvertError(f"{model_dir / 'config.json'}: unsupported architecture {self.hf_arch!r} ({what} "
+                               f"upstream's convert_hf_to_gguf.py{' --mmproj' if mmproj else ''} converts; `python "
+                               "work/llama.cpp/convert_hf_to_gguf.py --print-supported-models` lists them)") from None
+        if not mmproj and not any((model_dir / f).is_file() for f in _TOKENIZER_FILES):
             raise ConvertError(f"{model_dir}: no tokenizer ({' / '.join(_TOKENIZER_FILES)}) - the GGUF needs the "
                                "vocabulary")
         self.arch = gguf.MODEL_ARCH_NAMES[self._cls.model_arch]
@@ -177,9 +197,9 @@ class UpstreamSource:
 
     # -- plan ---------------------------------------------------------------------------------------
 
-    def _planned_model(self, out_type: str) -> tuple[Any, list[_Output]]:
-        """A fresh upstream model instance for ``out_type`` with ``prepare_tensors`` and ``prepare_metadata`` run
-        (lazy tensors: nothing is read but safetensors headers)."""
+    def _planned_model(self, out_type: str, *, metadata: bool = True) -> tuple[Any, list[_Output]]:
+        """A fresh upstream model instance for ``out_type`` with ``prepare_tensors`` and (with ``metadata``)
+        ``prepare_metadata`` run (lazy tensors: nothing is read but safetensors headers)."""
         model = self._new_model(out_type)
         if self._weights is not None:
             from conversion import LazyTorchTensor
@@ -189,7 +209,8 @@ class UpstreamSource:
                     w = self._weights[name]
                     model.model_tensors[name] = (lambda w=w: LazyTorchTensor.from_eager(w))
         self._call("planning the tensors", model.prepare_tensors)
-        self._call("writing the metadata and vocabulary", lambda: model.prepare_metadata(vocab_only=False))
+        if metadata:
+            self._call("writing the metadata and vocabulary", lambda: model.prepare_metadata(vocab_only=False))
         if len(model.gguf_writer.tensors) != 1:
             raise ConvertError("split outputs are not supported")
         outputs = [_Output(name, QT(int(ti.dtype)), name in model.s3d8_follows_type)
@@ -228,6 +249,45 @@ class UpstreamSource:
         if options.out_type == "s3d8":
             _set_kv(writer, gguf.Keys.General.FILE_TYPE, file_type_of("s3d8"), gguf.GGUFValueType.UINT32)
         return OutputPlan(writer, planned, options.out_type)
+
+    def weight_placements(self, out_type: str, fallback_type: str) -> dict[str, WeightPlacement]:
+        """Where this conversion puts each checkpoint tensor (keyed by the name upstream indexes it by, see
+        :meth:`canonical_name`): GGUF name, shape, type and row order - what QAT and GPTQ plan with. Types are those
+        :meth:`plan` gives; the row order is upstream's own ``modify_tensors`` applied to the row indices (e.g.
+        Llama's q/k permutation for RoPE). Only the tensors are planned (no vocabulary, no weight is read)."""
+        import torch
+
+        model, outputs = self._planned_model(out_type if out_type != "s3d8" else "f16", metadata=False)
+        infos = model.gguf_writer.tensors[0]
+        requested_qt = qtype_of(out_type) if out_type != "s3d8" else QT.F16
+        scratch = self._new_model("f16")  # modify_tensors records what it sees: keep that off the planned model
+        out: dict[str, WeightPlacement] = {}
+        for o in outputs:
+            hf = model.s3d8_hf_name.get(o.name)
+            if hf is None or hf not in self._model.model_tensors:
+                continue  # generated by upstream (e.g. rope_freqs): no checkpoint tensor behind it
+            if hf in out:
+                raise ConvertError(f"{self.model_dir}: {hf} becomes several tensors ({out[hf].gguf_name}, {o.name}); "
+                                   "QAT and GPTQ need one output tensor per checkpoint tensor")
+            shape = tuple(int(d) for d in infos[o.name].shape)
+            qtype = o.upstream_qtype
+            if out_type == "s3d8" and o.follows_type and qtype == requested_qt:
+                qtype = choose_type(o.name, shape, "s3d8", fallback_type).qtype
+            n = int(self._model.model_tensors[hf]().shape[0]) if shape else 1
+            ids = torch.arange(n, dtype=torch.int64).reshape(n, *([1] * (len(shape) - 1))) if shape else \
+                torch.zeros((), dtype=torch.int64)
+            bid = next((int(p) for p in hf.split(".") if p.isdecimal()), None)  # as upstream's prepare_tensors
+
+            def lay_out(ids: Any = ids, hf: str = hf, bid: int | None = bid) -> list[tuple[str, Any]]:
+                return list(scratch.modify_tensors(ids, hf, bid))
+
+            moved: list[tuple[str, Any]] = self._call(f"laying out {hf}", lay_out)
+            if len(moved) != 1 or moved[0][0] != o.name or tuple(moved[0][1].shape) != tuple(ids.shape):
+                raise ConvertError(f"{self.model_dir}: upstream's layout of {hf} is not a row reordering; QAT and "
+                                   "GPTQ cannot plan it")
+            rows = np.asarray(moved[0][1]).reshape(n)
+            out[hf] = WeightPlacement(o.name, shape, qtype, None if np.array_equal(rows, np.arange(n)) else rows)
+        return out
 
     def tensor_jobs(self) -> list[Any]:
         """The output tensors as job-like rows (name, shape, float loader, HF source name) - what
@@ -295,3 +355,32 @@ def _set_kv(writer: gguf.GGUFWriter, key: str, value: Any, vtype: gguf.GGUFValue
             kv[key] = gguf.GGUFValue(value, vtype)
             return
     writer.add_key_value(key, value, vtype)
+
+
+def checkpoint_placements(model_dir: Path, *, fallback_type: str = "q8_0",
+                          vision_type: str | None = None) -> Callable[[str], WeightPlacement | None]:
+    """Where ``convert/to_gguf.py --type s3d8 --fallback-type FALLBACK [--mmproj ... --mmproj-type VISION]`` puts
+    each tensor of the checkpoint in ``model_dir``, looked up by any HF spelling of its name (the checkpoint's or the
+    loaded model's parameter name); None for a tensor neither file holds. ``vision_type``: also the vision/audio file
+    (``--mmproj``) with that type, for architectures upstream has an mmproj class for (mllama)."""
+    sources = [(UpstreamSource(model_dir), "s3d8")]
+    if vision_type is not None and _has_mmproj(sources[0][0].hf_arch):
+        sources.append((UpstreamSource(model_dir, mmproj=True), vision_type))
+    tables = [(src, src.weight_placements(t, fallback_type)) for src, t in sources]
+
+    def place(hf_name: str) -> WeightPlacement | None:
+        for src, table in tables:
+            name = src.canonical_name(hf_name)
+            if name is not None and name in table:
+                return table[name]
+        return None
+
+    return place
+
+
+def _has_mmproj(hf_arch: str) -> bool:
+    try:
+        upstream_converter().get_model_class(hf_arch, mmproj=True)
+    except NotImplementedError:
+        return False
+    return True

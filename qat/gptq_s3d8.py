@@ -217,14 +217,10 @@ def _weights_rounded(model: nn.Module, dtype: str) -> None:
 
 def s3d8_plan(model: nn.Module, model_dir: Path, *, fallback_type: str, vision_type: str) -> dict[str, Any]:
     """The weight specs of the converter's plan (qat.student), without fitting codebooks."""
-    from qat.student import plan_weights, plan_weights_from_sources
+    from qat.student import plan_weights
 
-    if model.config.model_type == "mllama":
-        from convert.mllama import text_source, vision_source
-
-        return plan_weights_from_sources(model, [(text_source(model_dir), "s3d8"), (vision_source(model_dir), vision_type)],
-                                         fallback_type=fallback_type, fit_codebooks=False)
-    return plan_weights(model, fallback_type=fallback_type, fit_codebooks=False)
+    vision = vision_type if model.config.model_type == "mllama" else None
+    return plan_weights(model, model_dir, vision_type=vision, fallback_type=fallback_type, fit_codebooks=False)
 
 
 def gptq_s3d8_model(model_dir: Path, calibration: Calibration, *, fallback_type: str = "q8_0",

@@ -1,7 +1,7 @@
 """The QAT student: an HF Llama whose every Linear and Embedding computes with the weights the GGUF will hold.
 
-Each weight matrix is fake-quantised exactly as ``convert/to_gguf.py --type s3d8`` stores it (type chosen by
-``convert.tensor_types.choose_type``, in llama.cpp's row order, see :func:`convert.llama.meta_layout`):
+Each weight matrix is fake-quantised exactly as ``convert/to_gguf.py --type s3d8`` stores it (type and llama.cpp's
+row order from the converter's plan, upstream's model class: :func:`plan_weights`):
 
 * **S3D8** where the container can hold the matrix: per-matrix codebook fitted once with
   ``gguf_s3d8.fit_codebook`` (default centroid rule, ``seed``) at creation and frozen; bf16 absmax row scales
@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any, Callable, Collection
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ from qat.ggml_torch import q8_0_activations, q8_0_dequantised
 from qat.numerics import bf16_rne, f16_round
 from qat.s3d8_torch import fake_quant_activations, s3d8_dequantised, s3d8_weight_space_values
 
-__all__ = ["WeightSpec", "plan_weights", "plan_weights_from_sources", "fake_quant_weight", "weights_stepped", "quantise_student", "QuantLinear", "QuantEmbedding",
+__all__ = ["WeightSpec", "plan_weights", "fake_quant_weight", "weights_stepped", "quantise_student", "QuantLinear", "QuantEmbedding",
            "student_specs", "FormatSpec", "plan_format", "spec_from_state", "start_from_containers"]
 
 WEIGHT_TYPES = ("s3d8", "q8_0", "f16", "bf16", "f32")
@@ -166,71 +167,32 @@ def _plan(model: nn.Module, place: Callable[[str, torch.Tensor], Placement], *, 
     return specs
 
 
-def _row_permutation(layout: Callable[[str, np.ndarray], np.ndarray], hf_name: str, n: int) -> torch.Tensor | None:
-    """GGUF row r = HF row perm[r] under ``layout`` (None when it keeps the order)."""
-    rows = np.arange(n)
-    perm = np.asarray(layout(hf_name, rows[:, None]))[:, 0]
-    return None if np.array_equal(perm, rows) else torch.from_numpy(np.ascontiguousarray(perm))
-
-
-def plan_weights(model: nn.Module, *, fallback_type: str = "q8_0", centroid_rule: str | None = None,
-                 seed: int = 0, progress: bool = False, fit_codebooks: bool = True,
+def plan_weights(model: nn.Module, model_dir: Path, *, vision_type: str | None = None, fallback_type: str = "q8_0",
+                 centroid_rule: str | None = None, seed: int = 0, progress: bool = False, fit_codebooks: bool = True,
                  given_codebooks: Collection[str] = ()) -> dict[str, WeightSpec]:
-    """A :class:`WeightSpec` per Linear/Embedding weight of an HF Llama (keyed by HF parameter name).
+    """A :class:`WeightSpec` per Linear/Embedding weight of the HF model loaded from ``model_dir``, placed by the
+    converter's own plan - upstream's model class for the architecture (``convert.upstream_source``): GGUF name,
+    row layout (e.g. Llama's q/k permutation) and type exactly as ``convert/to_gguf.py --type s3d8`` writes them;
+    with ``vision_type`` also the mmproj file's (mllama: ``--mmproj-type``; the vision tile tables are F32 there).
 
     Tied weights (``lm_head.weight`` sharing ``model.embed_tokens.weight``) get one spec, under the name the
     checkpoint stores (the embedding), exactly as the converter writes only ``token_embd``.
     """
-    import gguf
+    from convert.errors import ConvertError
+    from convert.upstream_source import checkpoint_placements
 
-    from convert.llama import meta_layout
-    from convert.tensor_types import choose_type
-
-    cfg = model.config
-    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
-    n_head, n_head_kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
-
-    def place(hf_name: str, w: torch.Tensor) -> Placement:
-        gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight",))
-        if gguf_name is None:
-            raise ValueError(f"cannot map {hf_name!r} to a llama GGUF tensor name")
-        perm = _row_permutation(lambda n, a: meta_layout(n, a, n_head=n_head, n_head_kv=n_head_kv), hf_name, w.shape[0])
-        qtype = choose_type(gguf_name, tuple(w.shape), "s3d8", fallback_type).qtype.name.lower()
-        return gguf_name, tuple(w.shape), qtype, perm
-
-    return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress, fit_codebooks=fit_codebooks,
-                 given_codebooks=given_codebooks)
-
-
-def plan_weights_from_sources(model: nn.Module, parts: Sequence[tuple[Any, str]], *, fallback_type: str = "q8_0",
-                              centroid_rule: str | None = None, seed: int = 0,
-                              progress: bool = False, fit_codebooks: bool = True,
-                              given_codebooks: Collection[str] = ()) -> dict[str, WeightSpec]:
-    """A :class:`WeightSpec` per Linear/Embedding weight, planned from the converter's own sources.
-
-    ``parts`` pairs each output file's source (``convert.mllama.text_source`` / ``vision_source``: tensor jobs,
-    ``canonical`` names, ``layout``) with the ``--type`` that file is written with, so GGUF names, row layouts and
-    types are exactly the converter's (e.g. mllama: text model S3D8, vision encoder and projector per
-    ``--mmproj-type``; the vision tile tables are F32 there).
-    """
-    from convert.tensor_types import choose_type
-
-    jobs: dict[str, tuple[Any, Any, str]] = {}
-    for source, out_type in parts:
-        for job in source.tensor_jobs():
-            name = source.canonical(job.source)
-            if name is not None:
-                jobs[name] = (job, source, out_type)
-    canonical = parts[0][0].canonical
+    try:
+        placements = checkpoint_placements(model_dir, fallback_type=fallback_type, vision_type=vision_type)
+    except ConvertError as e:
+        raise ValueError(str(e)) from e
 
     def place(hf_name: str, w: torch.Tensor) -> Placement:
-        found = jobs.get(canonical(hf_name) or "")
-        if found is None:
+        p = placements(hf_name)
+        if p is None:
             raise ValueError(f"{hf_name}: the converter writes no tensor for this weight")
-        job, source, out_type = found
-        qtype = choose_type(job.name, job.shape, out_type, fallback_type).qtype.name.lower()
-        perm = None if qtype == "f32" else _row_permutation(source.layout, job.source, w.shape[0])
-        return job.name, tuple(job.shape), qtype, perm
+        qtype = p.qtype.name.lower()
+        perm = None if qtype == "f32" or p.rows is None else torch.from_numpy(np.ascontiguousarray(p.rows))
+        return p.gguf_name, p.shape, qtype, perm
 
     return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress, fit_codebooks=fit_codebooks,
                  given_codebooks=given_codebooks)

@@ -234,7 +234,7 @@ def build_student(teacher_dir: Path, *, specs_state: dict[str, Any] | None = Non
     ``weight_format``: a simulation student of that ``qat.formats`` id (:func:`qat.student.plan_format`; the
     tables / codebooks fitted here unless ``specs_state`` has them) instead of the GGUF student.
     """
-    from qat.student import plan_format, plan_weights, plan_weights_from_sources, quantise_student, spec_from_state
+    from qat.student import plan_format, plan_weights, quantise_student, spec_from_state
 
     model = load_teacher(teacher_dir)
     model.requires_grad_(True)
@@ -242,15 +242,10 @@ def build_student(teacher_dir: Path, *, specs_state: dict[str, Any] | None = Non
         if model.config.model_type != "llama":
             raise TrainError(f"--format: simulation students need a text Llama teacher, not {model.config.model_type}")
         specs: dict[str, Any] = plan_format(model, weight_format, progress=progress)
-    elif specs_state is None and model.config.model_type == "mllama":
-        from convert.mllama import text_source, vision_source
-
-        specs = plan_weights_from_sources(model, [(text_source(teacher_dir), "s3d8"), (vision_source(teacher_dir), vision_type)],
-                                          fallback_type=fallback_type, centroid_rule=centroid_rule, seed=seed,
-                                          progress=progress, given_codebooks=given_codebooks)
     elif specs_state is None:
-        specs = plan_weights(model, fallback_type=fallback_type, centroid_rule=centroid_rule, seed=seed,
-                             progress=progress, given_codebooks=given_codebooks)
+        specs = plan_weights(model, teacher_dir, vision_type=vision_type if model.config.model_type == "mllama" else None,
+                             fallback_type=fallback_type, centroid_rule=centroid_rule, seed=seed, progress=progress,
+                             given_codebooks=given_codebooks)
     else:
         specs = {k: spec_from_state(v) for k, v in specs_state.items()}
     return quantise_student(model, specs, act_quant=act_quant)

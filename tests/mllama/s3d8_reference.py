@@ -21,25 +21,12 @@ def _gguf_tensors(path: Path) -> dict[str, tuple[str, np.ndarray]]:
     return {t.name: (t.tensor_type.name, np.asarray(t.data)) for t in reader.tensors}
 
 
-def _gguf_to_canonical(model_dir: Path) -> dict[str, str]:
-    """GGUF tensor name -> canonical checkpoint name (convert.mllama.canonical_name)."""
-    from convert.mllama import canonical_name, text_source, vision_source
-
-    out = {}
-    for src in (text_source(model_dir, tokenizer_pre="llama-bpe"), vision_source(model_dir)):
-        for job in src.tensor_jobs():
-            if job.source != "rope_parameters":
-                out[job.name] = canonical_name(job.source)
-    return out
-
-
 def patch_model(model, model_dir: Path, ggufs: list[Path]) -> dict[str, str]:
     """Make ``model`` compute with the GGUF weights as llama.cpp does; returns {gguf name: how it is emulated}."""
     import torch
     from torch import nn
 
-    from convert.llama import hf_to_meta_rope_rows
-    from convert.mllama import canonical_name
+    from convert.upstream_source import checkpoint_placements
     from gguf_s3d8.quantize import decode_int8, dequantized_values
     from gguf_s3d8.reference import epilogue, integer_matmul
     from gguf_s3d8.activations import quantize_activations
@@ -48,11 +35,8 @@ def patch_model(model, model_dir: Path, ggufs: list[Path]) -> dict[str, str]:
     tensors: dict[str, tuple[str, np.ndarray]] = {}
     for p in ggufs:
         tensors.update(_gguf_tensors(p))
-    canon_of = _gguf_to_canonical(model_dir)
-    gguf_of = {c: g for g, c in canon_of.items()}
-
-    text_cfg = model.config.text_config
-    n_head, n_head_kv = text_cfg.num_attention_heads, text_cfg.num_key_value_heads
+    # where the converter put each module's weight (both files; the vision type does not change the names)
+    place = checkpoint_placements(model_dir, vision_type="f16")
 
     modules = dict(model.named_modules())
     report: dict[str, str] = {}
@@ -78,10 +62,10 @@ def patch_model(model, model_dir: Path, ggufs: list[Path]) -> dict[str, str]:
     for mod_name, mod in modules.items():
         if not isinstance(mod, (nn.Linear, nn.Embedding, nn.Conv2d)):
             continue
-        canon = canonical_name(mod_name + ".weight")
-        gname = gguf_of.get(canon)
-        if gname is None:
+        placed = place(mod_name + ".weight")
+        if placed is None:
             continue
+        gname = placed.gguf_name
         ttype, data = tensors[gname]
         if isinstance(mod, nn.Embedding):
             if ttype == "S3D8":
@@ -101,11 +85,7 @@ def patch_model(model, model_dir: Path, ggufs: list[Path]) -> dict[str, str]:
         bias = mod.bias.detach() if mod.bias is not None else None
         if ttype == "S3D8":
             w_int, alpha = decode_int8(data)
-            inv_perm = None
-            if canon.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")) and canon.startswith("text."):
-                heads = n_head if canon.endswith("q_proj.weight") else n_head_kv
-                perm = hf_to_meta_rope_rows(np.arange(w_int.shape[0])[:, None], heads)[:, 0]
-                inv_perm = np.argsort(perm)
+            inv_perm = None if placed.rows is None else np.argsort(placed.rows)  # self-attention q/k: RoPE rows
             mod.forward = make_s3d8_forward(w_int, alpha, inv_perm, bias)
             report[gname] = "s3d8 integer matmul"
         elif ttype == "F16":

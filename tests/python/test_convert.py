@@ -24,11 +24,10 @@ from gguf import GGMLQuantizationType as QT
 
 from convert import assets
 from convert.common import ConversionOptions, write_gguf
-from convert.errors import ConvertError
-from convert.llama import hf_to_meta_rope_rows, llama3_rope_factors
 from convert.synthetic import llama_tensors, write_tiny_llama
 from convert.tensor_types import choose_type
 from convert.to_gguf import main, open_source
+from tests.llama_reference import llama3_rope_factors, meta_rope_rows
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -76,21 +75,21 @@ def _leftovers(directory: Path, keep: set[str]) -> list[str]:
 def test_rope_rows_hand_checked() -> None:
     # one head of 4 rows: HF stores Meta's rows (r0, r1 | r2, r3) as r0, r2, r1, r3
     hf = np.array([[0.0], [2.0], [1.0], [3.0]], dtype=np.float32)
-    np.testing.assert_array_equal(hf_to_meta_rope_rows(hf, 1)[:, 0], [0, 1, 2, 3])
+    np.testing.assert_array_equal(meta_rope_rows(hf, 1)[:, 0], [0, 1, 2, 3])
     # two heads of 4 rows each are permuted independently
     hf2 = np.array([0, 2, 1, 3, 4, 6, 5, 7], dtype=np.float32)[:, None]
-    np.testing.assert_array_equal(hf_to_meta_rope_rows(hf2, 2)[:, 0], np.arange(8))
+    np.testing.assert_array_equal(meta_rope_rows(hf2, 2)[:, 0], np.arange(8))
 
 
 def test_rope_rows_inverse_of_hf_permute() -> None:
     rng = np.random.default_rng(1)
     for n_head, hd, k in ((4, 16, 8), (3, 64, 5), (1, 2, 1)):
         meta = rng.standard_normal((n_head * hd, k)).astype(np.float32)
-        np.testing.assert_array_equal(hf_to_meta_rope_rows(_hf_permute(meta, n_head), n_head), meta)
+        np.testing.assert_array_equal(meta_rope_rows(_hf_permute(meta, n_head), n_head), meta)
     bias = rng.standard_normal(32).astype(np.float32)  # 1-D (q/k biases) works too
-    np.testing.assert_array_equal(hf_to_meta_rope_rows(_hf_permute(bias, 4), 4), bias)
-    with pytest.raises(ConvertError):
-        hf_to_meta_rope_rows(np.zeros((6, 2), np.float32), 4)
+    np.testing.assert_array_equal(meta_rope_rows(_hf_permute(bias, 4), 4), bias)
+    with pytest.raises(ValueError):
+        meta_rope_rows(np.zeros((6, 2), np.float32), 4)
 
 
 def test_llama3_rope_factors_bands() -> None:
@@ -149,9 +148,9 @@ def test_tiny_roundtrip(tiny: Path, tmp_path: Path, out_type: str, want: QT, rto
     for gname, hname in pairs.items():
         ref = src[hname]
         if "attn_q" in gname:
-            ref = hf_to_meta_rope_rows(ref, 4)
+            ref = meta_rope_rows(ref, 4)
         if "attn_k" in gname:
-            ref = hf_to_meta_rope_rows(ref, 2)
+            ref = meta_rope_rows(ref, 2)
         got = _as_f32(ts[gname])
         if ref.ndim == 1:
             assert ts[gname].tensor_type == QT.F32

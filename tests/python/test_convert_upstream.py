@@ -218,45 +218,166 @@ def test_s3d8_runs_in_llama_cpp(model: str, checkpoints: dict[str, Path], output
     assert math.isfinite(float(ppl[-1])) and float(ppl[-1]) > 1, log[-2000:]
 
 
-def test_our_rope_rows_are_upstreams() -> None:
-    """``convert.llama.hf_to_meta_rope_rows`` (kept for mllama and QAT's row bookkeeping) reorders q/k rows exactly
-    as upstream's ``LlamaModel.permute`` does for the text models it converts."""
+def test_reference_rope_rows_are_upstreams() -> None:
+    """The tests' reference of llama.cpp's q/k row order (``tests.llama_reference.meta_rope_rows``) reorders rows
+    exactly as upstream's ``LlamaModel.permute``."""
     import torch
 
     upstream_converter()
     from conversion.llama import LlamaModel
 
-    from convert.llama import hf_to_meta_rope_rows
+    from tests.llama_reference import meta_rope_rows
 
     w = torch.randn(3 * 64, 40, generator=torch.Generator().manual_seed(0))
-    np.testing.assert_array_equal(hf_to_meta_rope_rows(w.numpy(), 3), LlamaModel.permute(w, 3, 3).numpy())
+    np.testing.assert_array_equal(meta_rope_rows(w.numpy(), 3), LlamaModel.permute(w, 3, 3).numpy())
     k = torch.randn(64, 40, generator=torch.Generator().manual_seed(1))
-    np.testing.assert_array_equal(hf_to_meta_rope_rows(k.numpy(), 1), LlamaModel.permute(k, 3, 1).numpy())
+    np.testing.assert_array_equal(meta_rope_rows(k.numpy(), 1), LlamaModel.permute(k, 3, 1).numpy())
 
 
-def test_mllama_text_class_agrees_with_our_planning(tmp_path: Path) -> None:
-    """Llama 3.2 Vision's text GGUF is written by the series' model class (``conversion/mllama.py``, upstream's
-    machinery); QAT and GPTQ still plan mllama's weights with ``convert.mllama.text_source``. Both agree: the same
-    tensor names and shapes, and the file's data is the planned tensors' (llama.cpp row layout) - but for one
-    rope_freqs entry, which upstream's float32 arithmetic rounds a few ulp differently (llama3 factors)."""
-    from convert.mllama import text_source
+def _check_placements(d: Path, files: list[tuple[Path, Any]], tmp_path: Path) -> int:
+    """Every checkpoint tensor's placement (QAT's and GPTQ's plan) is where the written F32 files hold it: same
+    name and shape, the data the checkpoint's rows in the placement's order; returns how many were reordered."""
+    from safetensors import safe_open
+
+    from convert.upstream_source import checkpoint_placements
+
+    place = checkpoint_placements(d, vision_type="f32")
+    stored = {t.name: t for path, _ in files for t in gguf.GGUFReader(path).tensors}
+    n_reordered = 0
+    with safe_open(d / "model.safetensors", framework="pt") as f:
+        names = list(f.keys())
+        for hf in names:
+            p = place(hf)
+            assert p is not None, hf
+            t = stored[p.gguf_name]
+            assert tuple(int(x) for x in reversed(t.shape.tolist())) == p.shape, hf
+            w = f.get_tensor(hf).float().numpy().reshape(p.shape)
+            if p.rows is not None:
+                w, n_reordered = w[p.rows], n_reordered + 1
+            np.testing.assert_array_equal(np.asarray(t.data).reshape(p.shape), w, err_msg=hf)
+    assert len({place(n).gguf_name for n in names}) == len(names)  # type: ignore[union-attr]
+    return n_reordered
+
+
+def _check_placement_types(sources: list[tuple[Any, str]]) -> None:
+    """The placements' types at --type s3d8 are the conversion's own plan (what --dry-run reports)."""
+    from convert.common import ConversionOptions
+
+    for src, out_type in sources:
+        planned = {n: q for n, _, q in src.planned_tensors(ConversionOptions(out_type=out_type))}
+        placed = {p.gguf_name: p.qtype for p in src.weight_placements(out_type, "q8_0").values()}
+        assert placed and all(planned[n] == q for n, q in placed.items()), src.model_dir
+
+
+def test_placements_of_text_models(checkpoints: dict[str, Path], outputs: Path, tmp_path: Path) -> None:
+    """QAT and GPTQ plan a Llama (q/k rows permuted for RoPE, tied embeddings) and a Qwen2 (q/k/v biases) with
+    upstream's own plan: names, shapes, row order and types are those of the files the converter writes."""
+    from convert.upstream_source import UpstreamSource
+
+    for model in ("llama-bpe", "qwen2-spm"):
+        d = checkpoints[model]
+        assert _check_placements(d, [(our_file(d, "f32", outputs), None)], tmp_path) == (2 * 2 if model == "llama-bpe" else 0)  # 2 layers x (q, k)
+        _check_placement_types([(UpstreamSource(d), "s3d8")])
+
+
+def test_placements_of_mllama(tmp_path: Path) -> None:
+    """Llama 3.2 Vision: the placements cover both files the series' classes write (text: self-attention q/k
+    rows permuted, cross-attention q/k not; vision: HF's layout), and their types are the conversions' plans."""
+    from convert.upstream_source import UpstreamSource
     from tests.mllama.tiny_model import get
 
     d = get()
-    series = tmp_path / "series.gguf"
-    assert main([str(d), "--type", "f32", "-o", str(series), "--no-progress", "--tokenizer-pre", "llama-bpe"]) == 0
-    r = gguf.GGUFReader(series)
-    assert r.fields["general.architecture"].contents() == "mllama"
-    assert r.fields["mllama.attention.cross_attention_layers"].contents() == \
-        list(text_source(d).hp.cross_layers)
-    stored = {t.name: t for t in r.tensors}
-    jobs = {j.name: j for j in text_source(d).tensor_jobs()}
-    assert sorted(jobs) == sorted(stored) and any(".cross_attn_q.weight" in n for n in jobs)
-    for name, job in jobs.items():
-        t = stored[name]
-        assert tuple(int(x) for x in reversed(t.shape.tolist())) == job.shape, name
-        got = np.asarray(t.data).reshape(job.shape)
-        if name == "rope_freqs.weight":
-            np.testing.assert_allclose(got, job.load(), rtol=1e-6)
-        else:
-            np.testing.assert_array_equal(got, job.load(), err_msg=name)
+    text, mmproj = tmp_path / "text.gguf", tmp_path / "mmproj.gguf"
+    assert main([str(d), "--type", "f32", "-o", str(text), "--mmproj", str(mmproj), "--no-progress",
+                 "--tokenizer-pre", "llama-bpe"]) == 0
+    n_self_attn_layers = 3  # 5 layers, cross-attention at 1 and 3
+    assert _check_placements(d, [(text, None), (mmproj, None)], tmp_path) == 2 * n_self_attn_layers
+    _check_placement_types([(UpstreamSource(d, tokenizer_pre="llama-bpe"), "s3d8"),
+                            (UpstreamSource(d, mmproj=True), "s3d8"), (UpstreamSource(d, mmproj=True), "q8_0")])
+
+
+# ---------------------------------------------------------------------------------------------------
+# every BPE pre-tokenizer upstream knows
+
+
+def _known_pre_tokenizers() -> list[str]:
+    """Every ``res`` name upstream's ``TextModel.get_vocab_base_pre`` (the table ``convert_hf_to_gguf_update.py``
+    generates) can return, read from the pinned tree's source."""
+    from convert.upstream_tree import tree_dir
+
+    src = (tree_dir() / "conversion" / "base.py").read_text(encoding="utf-8")
+    start = src.index("    def get_vocab_base_pre(")
+    body = src[start:src.index("\n    def ", start + 1)]
+    return sorted(set(re.findall(r'\bres = "([^"]+)"', body)))
+
+
+PRE_TOKENIZERS = _known_pre_tokenizers()
+
+#: Names upstream's table gives WordPiece (BERT) tokenizers: upstream writes them with tokenizer.ggml.model "bert",
+#: whose llama.cpp vocabulary (WPM) has no pre-tokenizer switch, so a byte-level BPE file cannot carry them.
+WORDPIECE_PRE = {"bert-bge", "bert-bge-large", "jina-v2-en"}
+
+
+def _llama_cpp_bpe_pre_tokenizers() -> set[str]:
+    """The pre-tokenizer names llama.cpp's loader knows for BPE vocabularies (src/llama-vocab.cpp)."""
+    from convert.upstream_tree import tree_dir
+
+    src = (tree_dir() / "src" / "llama-vocab.cpp").read_text(encoding="utf-8")
+    return set(re.findall(r'tokenizer_pre == "([^"]+)"', src))
+
+
+@pytest.fixture(scope="module")
+def bpe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama with a byte-level BPE tokenizer of its own (trained on the gensim text; its probe encoding is
+    none upstream knows, so the pre-tokenizer must be named)."""
+    from convert.synthetic import train_byte_level_bpe
+
+    tok = train_byte_level_bpe(assets.wiki_text("train")[:100_000], tmp_path_factory.mktemp("bpe-tok"), vocab_size=400)
+    return write_tiny_hf_model(tmp_path_factory.mktemp("bpe") / "llama-own-bpe", "LlamaForCausalLM", tok, vocab=400,
+                               hidden=64, heads=2, kv_heads=1, ffn=128, layers=1, bos_token_id=0, eos_token_id=0)
+
+
+def test_pre_tokenizer_table_is_read() -> None:
+    assert len(PRE_TOKENIZERS) > 50 and {"llama-bpe", "smollm", "qwen2", "gpt-2", "tekken"} <= set(PRE_TOKENIZERS)
+    # every name of the table but the WordPiece ones is one llama.cpp's BPE loader knows
+    assert set(PRE_TOKENIZERS) - _llama_cpp_bpe_pre_tokenizers() == WORDPIECE_PRE
+
+
+def test_unknown_pre_tokenizer_needs_a_name(bpe_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(bpe_model), "--type", "f16", "-o", str(tmp_path / "x.gguf"), "--no-progress"]) == 2
+    assert "--tokenizer-pre" in capsys.readouterr().err and not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("pre", PRE_TOKENIZERS)
+def test_every_pre_tokenizer_round_trips(pre: str, bpe_model: Path, tmp_path: Path) -> None:
+    """``--tokenizer-pre NAME`` for each name upstream's table can return: ``tokenizer.ggml.pre`` is NAME, the file
+    is byte-identical to the one upstream's converter writes when its table answers NAME, and llama.cpp's loader
+    accepts it (``llama-tokenize`` loads the vocabulary and tokenizes a sentence) - or, for the names of WordPiece
+    tokenizers (:data:`WORDPIECE_PRE`), refuses it with a clear message, as it must for a BPE vocabulary."""
+    ours, theirs = tmp_path / "ours.gguf", tmp_path / "upstream.gguf"
+    assert main([str(bpe_model), "--type", "f16", "-o", str(ours), "--tokenizer-pre", pre, "--no-progress"]) == 0
+    assert gguf.GGUFReader(ours).fields["tokenizer.ggml.pre"].contents() == pre
+
+    up = upstream_converter()
+    from conversion.base import TextModel
+
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(TextModel, "get_vocab_base_pre", lambda self, tokenizer: pre)
+        mp.setattr(sys, "argv", ["convert_hf_to_gguf.py", str(bpe_model), "--outtype", "f16", "--outfile", str(theirs)])
+        mp.setattr(logging, "basicConfig", lambda **kw: None)
+        up.main()
+    finally:
+        mp.undo()
+    assert ours.read_bytes() == theirs.read_bytes(), _explain_difference(ours, theirs)
+
+    tool = bin_dir() / "llama-tokenize"
+    assert tool.is_file(), f"{tool} is missing: build it with `bash ci/build.sh host`"
+    p = subprocess.run([str(tool), "-m", str(ours), "-p", "Hello world, 12345!", "--ids"],
+                       capture_output=True, text=True, timeout=60)
+    if pre in WORDPIECE_PRE:
+        assert p.returncode != 0 and f"unknown pre-tokenizer type: '{pre}'" in p.stderr, p.stderr[-2000:]
+        return
+    assert p.returncode == 0, p.stderr[-2000:]
+    ids = [int(x) for x in re.findall(r"\d+", p.stdout.strip().splitlines()[-1])]
+    assert ids and all(0 <= i < 400 for i in ids), p.stdout[-500:]

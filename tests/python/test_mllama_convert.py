@@ -2,7 +2,8 @@
 
 The checkpoint is simulated by the safetensors headers of every Hub tensor (names and shapes of mllama.md
 section 4) over a sparse file, so planning the conversion - names, shapes, the three vocabulary sizes, the
-per-tensor types - is checked for the 11B model in well under a second; no tensor data is read.
+per-tensor types, by the series' model classes (``conversion/mllama.py``) as QAT and GPTQ plan with them
+(``UpstreamSource.weight_placements``) - is checked for the 11B model in seconds; no tensor data is read.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from convert.mllama import text_source, vision_source
-from convert.tensor_types import choose_type
+from convert.upstream_source import UpstreamSource, WeightPlacement
 
 N_TEXT_LAYERS = 40
 CROSS = [3, 8, 13, 18, 23, 28, 33, 38]
@@ -107,6 +107,7 @@ def ckpt(tmp_path_factory) -> Path:
         n = math.prod(shape) * 2
         header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + n]}
         off += n
+    (d / "tokenizer.json").write_text("{}")  # the text class wants a tokenizer; planning tensors never reads it
     blob = json.dumps(header).encode()
     path = d / "model.safetensors"
     with open(path, "wb") as f:
@@ -116,54 +117,63 @@ def ckpt(tmp_path_factory) -> Path:
     return d
 
 
+def _placed(ckpt: Path, out_type: str = "s3d8") -> tuple[dict[str, WeightPlacement], dict[str, WeightPlacement]]:
+    """GGUF name -> placement of every checkpoint tensor: the text file's (S3D8) and the vision file's (out_type)."""
+    text = UpstreamSource(ckpt).weight_placements("s3d8", "q8_0")
+    vision = UpstreamSource(ckpt, mmproj=True).weight_placements(out_type, "q8_0")
+    return {p.gguf_name: p for p in text.values()}, {p.gguf_name: p for p in vision.values()}
+
+
 def test_parameter_count(ckpt):
-    jobs = text_source(ckpt).tensor_jobs() + vision_source(ckpt).tensor_jobs()
-    n = sum(math.prod(j.shape) for j in jobs if j.name != "rope_freqs.weight")
-    assert n == 10_670_220_835
+    text, vision = _placed(ckpt)
+    assert len(text) + len(vision) == len(hub_tensors())  # every checkpoint tensor lands in exactly one file
+    assert sum(math.prod(p.shape) for p in [*text.values(), *vision.values()]) == 10_670_220_835
 
 
 def test_text_layout(ckpt):
-    jobs = {j.name: j for j in text_source(ckpt).tensor_jobs()}
+    jobs, _ = _placed(ckpt)
     # the three vocabulary sizes: embeddings keep their 128264 rows, the output its 128256 rows
     assert jobs["token_embd.weight"].shape == (128264, 4096)
     assert jobs["output.weight"].shape == (128256, 4096)
-    assert jobs["rope_freqs.weight"].shape == (64,)
     for il in range(N_TEXT_LAYERS):
         if il in CROSS:
             assert f"blk.{il}.attn_q.weight" not in jobs
             assert jobs[f"blk.{il}.cross_attn_k.weight"].shape == (1024, 4096)
+            assert jobs[f"blk.{il}.cross_attn_k.weight"].rows is None  # no RoPE: HF's row order
             assert jobs[f"blk.{il}.cross_attn_q_norm.weight"].shape == (128,)
             assert jobs[f"blk.{il}.cross_attn_attn_gate"].shape == (1,)
             assert jobs[f"blk.{il}.cross_attn_mlp_gate"].shape == (1,)
         else:
             assert jobs[f"blk.{il}.attn_k.weight"].shape == (1024, 4096)
+            rows = jobs[f"blk.{il}.attn_k.weight"].rows  # RoPE: HF's rotate-half rows interleaved per head
+            assert rows is not None and list(rows[:4]) == [0, 64, 1, 65] and sorted(rows) == list(range(1024))
             assert f"blk.{il}.cross_attn_q.weight" not in jobs
-    assert len(jobs) == 1 + 3 + 32 * 9 + 8 * 13
+    assert len(jobs) == 3 + 32 * 9 + 8 * 13
 
 
 def test_vision_layout(ckpt):
-    jobs = {j.name: j for j in vision_source(ckpt).tensor_jobs()}
+    _, jobs = _placed(ckpt)
     assert jobs["v.tile_position_embd"].shape == (9, 8197120)
     assert jobs["v.position_embd"].shape == (1601, 1280)
     assert jobs["v.global.blk.7.gate_ffn"].shape == (1,)
     assert "v.blk.31.ffn_down.weight" in jobs and "v.blk.32.ffn_down.weight" not in jobs
     assert jobs["mm.0.weight"].shape == (4096, 7680)
+    assert all(p.rows is None for p in jobs.values())
 
 
 @pytest.mark.parametrize("out_type", ["s3d8", "q8_0", "f16"])
 def test_types(ckpt, out_type):
     """Big matrices get the requested type; norms, gates, biases and the vision tables stay F32; the patch
-    embedding (a convolution kernel, 14 wide) falls back to F16."""
-    types = {}
-    for src in (text_source(ckpt), vision_source(ckpt)):
-        for j in src.tensor_jobs():
-            types[j.name] = choose_type(j.name, j.shape, out_type).qtype.name
+    embedding (a convolution kernel) is F16."""
+    text, vision = _placed(ckpt, out_type)
+    types = {n: p.qtype.name for n, p in vision.items()}
+    types.update({n: p.qtype.name for n, p in text.items() if out_type == "s3d8"})
     want = out_type.upper()
     for name, t in types.items():
         if name in ("v.patch_embd.weight",):
             assert t == "F16", (name, t)
         elif name.endswith(".weight") and not name.endswith(("_norm.weight", "ln1.weight", "ln2.weight",
-                                                              "_ln.weight")) and name != "rope_freqs.weight":
+                                                              "_ln.weight")):
             assert t == want, (name, t)
         else:
             assert t == "F32", (name, t)

@@ -66,17 +66,16 @@ def test_export_is_bit_exact(pipeline) -> None:
     import gguf
     import gguf_s3d8
 
-    from convert.mllama import canonical_name, text_source, vision_source
+    from convert.upstream_source import checkpoint_placements
     from qat.student import _dequantised, student_specs
 
     student = _student(pipeline)
     specs = {s.gguf_name: s for s in student_specs(student).values()}
     named = dict(student.named_parameters())
-    params = {canonical_name(n): p.detach() for n, p in named.items()}
+    place = checkpoint_placements(pipeline["teacher"], vision_type="s3d8")
+    params = {p.gguf_name: w.detach() for n, w in named.items() if (p := place(n)) is not None}
     seen_types: dict[str, int] = {}
-    for path, source in ((pipeline["text"], text_source(pipeline["teacher"])),
-                         (pipeline["mmproj"], vision_source(pipeline["teacher"]))):
-        origin = {j.name: canonical_name(j.source) for j in source.tensor_jobs()}
+    for path in (pipeline["text"], pipeline["mmproj"]):
         for t in gguf.GGUFReader(path).tensors:
             kind = t.tensor_type.name
             seen_types[kind] = seen_types.get(kind, 0) + 1
@@ -91,7 +90,7 @@ def test_export_is_bit_exact(pipeline) -> None:
             elif t.name == "rope_freqs.weight":
                 continue  # generated from the config, not a parameter
             else:
-                p = params[origin[t.name]].float().numpy()
+                p = params[t.name].float().numpy()
                 want = p.astype(np.float16).astype(np.float32) if kind == "F16" else p
                 want = want.reshape(got.shape)
             assert got.shape == want.shape, t.name

@@ -261,7 +261,7 @@ def test_export_is_bit_exact(setup, straight, exported) -> None:
     import gguf
     import gguf_s3d8
 
-    from convert.llama import meta_layout
+    from tests.llama_reference import meta_rope_rows
     from qat.student import _dequantised, student_specs
 
     student = student_from_checkpoint(straight, setup[0])
@@ -281,7 +281,8 @@ def test_export_is_bit_exact(setup, straight, exported) -> None:
         if t.name in specs:
             spec = specs[t.name]
             want = _dequantised(params[spec.hf_name], spec).numpy()
-            want = meta_layout(spec.hf_name, want, n_head=tiny.HEADS, n_head_kv=tiny.KV_HEADS)
+            if spec.hf_name.endswith(("q_proj.weight", "k_proj.weight")):  # llama.cpp's RoPE row order
+                want = meta_rope_rows(want, tiny.HEADS if "q_proj" in spec.hf_name else tiny.KV_HEADS)
         else:
             hf = {"output_norm.weight": "model.norm.weight", "blk.0.attn_norm.weight": "model.layers.0.input_layernorm.weight",
                   "blk.0.ffn_norm.weight": "model.layers.0.post_attention_layernorm.weight"}[t.name]
