@@ -253,3 +253,23 @@ def test_cancelled_image_prompt(tmp_path, patched):
         assert got == ref, f"{got!r} != {ref!r} alone ({timings['cache_n']} prompt tokens from the cache)"
     finally:
         assert srv.stop() == 0
+
+
+def test_numbers_beyond_an_integer_type(tmp_path, patched):
+    """A JSON number beyond the range of the field's integer type was cast to it (undefined behaviour; it showed as
+    400 "... but got -2147483648" for max_tokens 1e23): now a hard-limited field is rejected with the number sent,
+    a clamped one takes its bound, a fraction inside the range still truncates."""
+    pending(patched)
+    srv = start(tmp_path, 1, 256)
+    try:
+        for v in (10**23, 2**40, -(2**40), 1e300, -1e300):
+            status, res = L.post_json(srv.port, L.text_chat("hi", max_tokens=v), timeout=300)
+            msg = res.get("error", {}).get("message", "")
+            assert status == 400 and "-1 <= value <= 2147483647, but got" in msg, (v, status, res)
+            assert "-2147483648" not in msg, msg
+        status, res = L.post_json(srv.port, L.text_chat("hi", max_tokens=2.9), timeout=300)
+        assert status == 200 and res["usage"]["completion_tokens"] <= 2, res
+        status, res = L.post_json(srv.port, L.text_chat("hi", max_tokens=2, top_k=10**23), timeout=300)
+        assert status == 200, res
+    finally:
+        assert srv.stop() == 0
