@@ -4,7 +4,7 @@ this converter drives.
 The tree is the one the project builds from: ``<repo>/work/llama.cpp`` (``python ci/patches.py apply``), or
 ``$S3D8_LLAMA_CPP_DIR`` when set (as CMake's ``LLAMA_CPP_DIR``). Its ``gguf-py`` is *the* ``gguf`` of a converter
 process: importing the ``convert`` package loads it as ``gguf`` before anything else imports one, so upstream's
-model classes, our writer and the S3D8 codec's registration all see one module (the series' patch 0005 already
+model classes, our writer and the S3D8 codec's registration all see one module (the series' patch gguf-py-add-S3D8 already
 defines ``GGMLQuantizationType.S3D8`` and ``LlamaFileType.MOSTLY_S3D8`` there). A ``gguf`` a process imported
 before (the PyPI one) is replaced in ``sys.modules`` (:func:`put_tree_gguf_first`).
 
