@@ -12,6 +12,7 @@ another ``--type``) is refused.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -25,7 +26,8 @@ from .tensor_types import choose_type
 
 def read_qat_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint's master weights and weight specs (raises ConvertError for anything else)."""
-    from qat.train import TrainError, load_checkpoint
+    from qat.checkpoint import load_checkpoint
+    from qat.errors import TrainError
 
     try:
         ck = load_checkpoint(path)
@@ -74,7 +76,7 @@ def apply_qat_checkpoint(source: Any, path: Path, options: ConversionOptions) ->
                 codebooks[job.name] = spec["codebook"].numpy()
             if spec.get("scales") is not None:  # a student started from GPTQ / iw1: frozen scales
                 scales[job.name] = spec["scales"].numpy().astype(np.uint16)
-        jobs.append(TensorJob(job.name, job.shape, (lambda n=job.source, a=w: layout(n, a)), f"{path.name}:{job.source}"))
+        jobs.append(TensorJob(job.name, job.shape, functools.partial(layout, job.source, w), f"{path.name}:{job.source}"))
     missing = set(specs) - {j.name for j in jobs}
     if missing:
         raise ConvertError(f"{path}: trained weights {sorted(missing)} have no place in the model")

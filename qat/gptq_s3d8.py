@@ -175,15 +175,15 @@ def _jsonl_calibration(model_dir: Path, path: Path, sha: str, *, tokens: int, se
     if not examples:
         raise GPTQError(f"{path}: no sample fits --seq-len {seq_len}")
     batches, n = [], 0
-    for e in examples:
+    for ex in examples:
         if n >= tokens:
             break
         try:
-            inputs, _ = batcher([e])
+            inputs, _ = batcher([ex])
         except TrainError as err:
             raise GPTQError(str(err)) from err
         batches.append(inputs)
-        n += len(e.ids)
+        n += len(ex.ids)
     return Calibration(batches, n, str(path), sha, {"kind": "jsonl", "samples": len(batches), "seq_len": seq_len})
 
 
@@ -219,7 +219,8 @@ def s3d8_plan(model: nn.Module, model_dir: Path, *, fallback_type: str, vision_t
     """The weight specs of the converter's plan (qat.student), without fitting codebooks."""
     from qat.student import plan_weights, plan_weights_from_sources
 
-    if model.config.model_type == "mllama":
+    config: Any = model.config  # an HF config
+    if config.model_type == "mllama":
         from convert.mllama import text_source, vision_source
 
         return plan_weights_from_sources(model, [(text_source(model_dir), "s3d8"), (vision_source(model_dir), vision_type)],

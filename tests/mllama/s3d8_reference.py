@@ -9,9 +9,17 @@ else (norms, attention, gates, tables) stays float32, so the two implementations
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
+
+
+def _f16_conv(x, *, w16, stride, padding):
+    """A Conv2d whose input and weights are rounded to f16 (what llama.cpp's F16 convolution computes)."""
+    import torch
+
+    return torch.nn.functional.conv2d(x.half().float(), w16, stride=stride, padding=padding)
 
 
 def _gguf_tensors(path: Path) -> dict[str, tuple[str, np.ndarray]]:
@@ -22,7 +30,7 @@ def _gguf_tensors(path: Path) -> dict[str, tuple[str, np.ndarray]]:
     return {t.name: (t.tensor_type.name, np.asarray(t.data)) for t in reader.tensors}
 
 
-def _gguf_to_canonical(model_dir: Path) -> dict[str, str]:
+def _gguf_to_canonical(model_dir: Path) -> dict[str, str | None]:
     """GGUF tensor name -> canonical checkpoint name (convert.mllama.canonical_name)."""
     from convert.mllama import canonical_name, text_source, vision_source
 
@@ -80,8 +88,8 @@ def patch_model(model, model_dir: Path, ggufs: list[Path]) -> dict[str, str]:
         if not isinstance(mod, (nn.Linear, nn.Embedding, nn.Conv2d)):
             continue
         canon = canonical_name(mod_name + ".weight")
-        gname = gguf_of.get(canon)
-        if gname is None:
+        gname = gguf_of.get(canon) if canon is not None else None
+        if canon is None or gname is None:
             continue
         ttype, data = tensors[gname]
         if isinstance(mod, nn.Embedding):
@@ -95,8 +103,7 @@ def patch_model(model, model_dir: Path, ggufs: list[Path]) -> dict[str, str]:
             if ttype == "F16":
                 w16 = mod.weight.detach().half().float()
                 stride, padding = mod.stride, mod.padding
-                mod.forward = lambda x, w16=w16, stride=stride, padding=padding: torch.nn.functional.conv2d(
-                    x.half().float(), w16, stride=stride, padding=padding)
+                mod.forward = functools.partial(_f16_conv, w16=w16, stride=stride, padding=padding)  # type: ignore[method-assign]
                 report[gname] = "f16 conv"
             continue
         bias = mod.bias.detach() if mod.bias is not None else None
@@ -107,10 +114,10 @@ def patch_model(model, model_dir: Path, ggufs: list[Path]) -> dict[str, str]:
                 heads = n_head if canon.endswith("q_proj.weight") else n_head_kv
                 perm = hf_to_meta_rope_rows(np.arange(w_int.shape[0])[:, None], heads)[:, 0]
                 inv_perm = np.argsort(perm)
-            mod.forward = make_s3d8_forward(w_int, alpha, inv_perm, bias)
+            mod.forward = make_s3d8_forward(w_int, alpha, inv_perm, bias)  # type: ignore[method-assign]
             report[gname] = "s3d8 integer matmul"
         elif ttype == "F16":
-            mod.forward = make_f16_forward(mod.weight.detach().half().float(), bias)
+            mod.forward = make_f16_forward(mod.weight.detach().half().float(), bias)  # type: ignore[method-assign]
             report[gname] = "f16 matmul"
         elif ttype not in ("F32",):
             raise NotImplementedError(f"{gname}: no emulation of {ttype} in the reference")

@@ -14,7 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "ci"))
 
 import check_upstream  # noqa: E402
+import lint  # noqa: E402
 import patches  # noqa: E402
+import summarize  # noqa: E402
 import upstream  # noqa: E402
 
 IDENT = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.invalid",
@@ -314,3 +316,28 @@ if [ "$1" = "--preset" ]; then mkdir -p build/$2 && : > build/$2/CMakeCache.txt;
     finally:
         shutil.rmtree(REPO / "build" / preset, ignore_errors=True)
 
+
+def test_lint_step_counts_each_tool_and_fails_on_a_finding(tmp_path: Path, monkeypatch, capsys) -> None:
+    """ci/lint.py writes one JUnit case per tool; a tool that reports (non-zero exit) fails its case with its
+    output, and ci/summarize.py counts that as a failure."""
+    finding = [sys.executable, "-c", "print('x.py:1:1: F821 Undefined name `y`'); raise SystemExit(1)"]
+    monkeypatch.setattr(lint, "CHECKS", {"clean": [sys.executable, "-c", "pass"], "finds": finding})
+    assert lint.main(["--junitxml", str(tmp_path / "lint.xml")]) == 1
+    xml = (tmp_path / "lint.xml").read_text()
+    assert 'name="clean"' in xml and "F821 Undefined name" in xml
+    assert summarize.main(tmp_path) == 1
+    assert capsys.readouterr().out.strip().endswith("1 passed, 1 failed")
+
+
+def test_qat_and_convert_import_graph_has_no_cycle() -> None:
+    """tools/import_graph.py: every import (lazy ones too) of qat/ and convert/; a two-module cycle is found, and
+    the real graph has none; reading a QAT checkpoint no longer pulls in the training loop."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import import_graph
+
+    assert import_graph.cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
+    graph = import_graph.edges()
+    assert ("convert.qat_checkpoint", "qat.checkpoint") in graph
+    assert import_graph.cycles(graph) == []
+    assert "qat.train" not in import_graph.reachable(graph, "convert.qat_checkpoint")
+    assert not any(b.startswith("tests.") for a, b in graph if a.startswith("qat."))
