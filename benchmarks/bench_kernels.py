@@ -175,8 +175,8 @@ def write_report(rows: list[dict], loop: dict | None, args: argparse.Namespace) 
         for (m, k, n) in shapes:
             cells = []
             for ty in types:
-                r = get.get((ty.lower(), m, k, n, t))
-                cells.append(f"{r['gmacs']:.1f}" if r else "–")
+                hit = get.get((ty.lower(), m, k, n, t))
+                cells.append(f"{hit['gmacs']:.1f}" if hit else "–")
             s3 = get.get(("s3d8", m, k, n, t))
             q8 = get.get(("q8_0", m, k, n, t))
             ratio = f"{s3['gmacs'] / q8['gmacs']:.2f}x" if s3 and q8 else "–"

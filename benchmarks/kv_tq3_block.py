@@ -48,6 +48,7 @@ def tq3_group(x: np.ndarray, group: int) -> np.ndarray:
         else:
             m = e < best_e
             best_e, best_r = np.where(m, e, best_e), np.where(m, r, best_r)
+    assert best_r is not None
     return best_r.reshape(x.shape)
 
 

@@ -45,6 +45,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from convert import assets  # noqa: E402
+from gguf_s3d8.fsio import atomic_write  # noqa: E402
 from convert.upstream_source import UpstreamSource  # noqa: E402
 from convert.tensor_types import is_quantisable_weight  # noqa: E402
 from qat.formats import IntFormat, LloydMaxFormat, S3D8Format, StudentTFormat, WeightFormat  # noqa: E402
@@ -177,10 +178,7 @@ def _load_cache(use: bool) -> dict[str, dict]:
 
 def _save_cache(cache: dict[str, dict]) -> None:
     p = _cache_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cache))
-    os.replace(tmp, p)
+    atomic_write(p, json.dumps(cache), make_parents=True)
 
 
 def run(tensor_re: str | None, jobs: int, use_cache: bool, fmt_ids: list[str]) -> list[Result]:

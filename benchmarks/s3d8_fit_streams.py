@@ -29,7 +29,7 @@ import numpy as np
 from gguf_s3d8 import codebook as reference_fit
 from gguf_s3d8 import importance as iw1
 from gguf_s3d8.constants import DEFAULT_CENTROID_RULE, FIT_CHANGE_THRESHOLD
-from gguf_s3d8.gguf_registration import register_with_gguf
+from gguf_s3d8 import series_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN_JOB = ROOT / ".cache" / "main-job"
@@ -50,9 +50,7 @@ def fit(w: np.ndarray, alpha: np.ndarray, kind: str, seed: int) -> np.ndarray:
 
 
 def reencode(model: Path, f16: Path, kind: str, seed: int) -> None:
-    register_with_gguf()
-    import gguf
-
+    gguf = series_gguf()
     src = {t.name: t for t in gguf.GGUFReader(f16).tensors}
     dst = gguf.GGUFReader(model, "r+")
     for t in dst.tensors:

@@ -8,9 +8,16 @@ Workflow (patches are edited as real code, then regenerated):
     python3 ci/patches.py export           # rewrite ggml-patches/ from the commits upstream-base..HEAD
     python3 ci/patches.py check            # apply -> export in a temp dir must reproduce ggml-patches/ byte for byte
 
+The series is ``ggml-patches/series`` (one file name a line, in application order, as quilt keeps it) and the
+files it names, ``<subject>.patch`` (``git format-patch``'s name without its ``NNNN-`` number, so that adding,
+dropping or reordering a patch renames no other file). ``export`` writes both; ``apply`` reads ``series`` and
+refuses a folder whose ``.patch`` files and ``series`` disagree.
+
 ``apply`` never touches the cache: it extracts a fresh copy of the cached upstream tarball, commits it as a
-deterministic base commit tagged ``upstream-base`` and runs ``git am`` on each patch in order. A patch that
-does not apply stops everything with the patch's name and git's reason. The series may be empty.
+deterministic base commit tagged ``upstream-base`` and runs one ``git am -3`` over the whole series. A patch
+that does not apply stops there with the patch's name and git's reason, and the tree is left in ``git am``'s
+state with the three-way conflict in the files: resolve it, ``git add`` and ``git am --continue`` (which applies
+the rest of the series), then ``export``. The series may be empty.
 
 ``export`` uses ``git format-patch`` with settings that make the output depend only on the commits'
 content, author and message (zeroed ``From`` hashes, no signature, fixed abbreviation), so that
@@ -36,6 +43,7 @@ REPO_ROOT = upstream.REPO_ROOT
 PATCH_DIR = REPO_ROOT / "ggml-patches"
 DEFAULT_WORKTREE = REPO_ROOT / "work" / "llama.cpp"
 BASE_TAG = "upstream-base"
+SERIES_FILE = "series"
 
 # A fixed identity and date for the base commit make its hash a pure function of the upstream tree.
 _BASE_ENV = {
@@ -66,8 +74,38 @@ def git(repo: Path, *args: str, env: dict | None = None, check: bool = True,
 
 
 def series(patch_dir: Path = PATCH_DIR) -> list[Path]:
-    """The patches in application order (their file names sort in order: 0001-..., 0002-...)."""
-    return sorted(patch_dir.glob("*.patch"))
+    """The patches in application order, as ``patch_dir/series`` lists them (a folder without patches and without
+    that file is the empty series). Raises PatchError when the list and the folder's ``.patch`` files differ."""
+    present = {p.name for p in patch_dir.glob("*.patch")}
+    index = patch_dir / SERIES_FILE
+    if not index.is_file():
+        if present:
+            raise PatchError(f"{patch_dir} has .patch files but no {SERIES_FILE} file giving their order "
+                             "(`ci/patches.py export` writes both)")
+        return []
+    names = [ln.strip() for ln in index.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    missing = [n for n in names if n not in present]
+    unlisted = sorted(present - set(names))
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if missing or unlisted or repeated:
+        raise PatchError(f"{index} does not match the folder's patches: "
+                         + "; ".join(f"{what}: {', '.join(ns)}" for what, ns in
+                                     (("listed but missing", missing), ("not listed", unlisted),
+                                      ("listed twice", repeated)) if ns))
+    return [patch_dir / n for n in names]
+
+
+def unnumbered_names(numbered: list[str]) -> list[str]:
+    """``format-patch``'s ``NNNN-<subject>.patch`` names without the number; a repeated subject gets ``-2``, ``-3``...
+    (in series order, so the names stay a pure function of the commits)."""
+    out: list[str] = []
+    for name in numbered:
+        stem = name.split("-", 1)[1][: -len(".patch")] if name[:4].isdigit() and "-" in name else name[: -len(".patch")]
+        candidate, k = f"{stem}.patch", 2
+        while candidate in out or candidate == SERIES_FILE:
+            candidate, k = f"{stem}-{k}.patch", k + 1
+        out.append(candidate)
+    return out
 
 
 def has_unexported_work(tree: Path) -> str | None:
@@ -81,7 +119,7 @@ def has_unexported_work(tree: Path) -> str | None:
 def series_digest(patch_dir: Path = PATCH_DIR) -> str:
     """A digest of the series' file names and bytes: what a working tree was made from."""
     h = hashlib.sha256()
-    for p in series(patch_dir):
+    for p in series(patch_dir):  # names in order, then bytes: also a reordering changes the digest
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 
@@ -109,17 +147,23 @@ def apply(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR, force: boo
             raise PatchError(f"{tree} has uncommitted changes; export or commit them, or pass --force to discard:\n"
                              + dirty)
         shutil.rmtree(tree)
+    todo = series(patch_dir)
     make_base(tree, commit)
-    for p in series(patch_dir):
-        # -3: a conflict is left in the tree (three-way merge markers) to be resolved in place
-        r = git(tree, "am", "-3", "--keep-cr", "--committer-date-is-author-date", "--no-gpg-sign", str(p),
-                check=False)
+    if todo:
+        # one `git am -3` over the whole series: a conflict is left in the tree (three-way merge markers) and
+        # `git am --continue` goes on with the rest of the series
+        r = git(tree, "am", "-3", "--keep-cr", "--committer-date-is-author-date", "--no-gpg-sign",
+                *map(str, todo), check=False)
         if r.returncode != 0:
+            state = tree / ".git" / "rebase-apply" / "next"
+            stopped = int(state.read_text()) if state.is_file() else 0
+            name = todo[stopped - 1].name if 0 < stopped <= len(todo) else "(unknown: git am ended early)"
             detail = "\n".join(ln for ln in (r.stdout + r.stderr).splitlines()
                                 if ln.startswith(("error:", "warning:", "fatal:", "CONFLICT")))
-            raise PatchError(f"patch {p.name} does not apply cleanly to llama.cpp {commit[:12]}:\n{detail}\n"
-                             f"the conflict is left in {tree}: resolve it there, `git am --continue` (the rest of "
-                             f"the series follows), then `python3 ci/patches.py export`")
+            raise PatchError(f"patch {name} does not apply cleanly to llama.cpp {commit[:12]}:\n{detail}\n"
+                             f"the conflict is left in {tree} (in `git am`'s state): resolve it there, `git add` the "
+                             f"files, `git am --continue` (the rest of the series follows; `git am --abort` gives up), "
+                             f"then `python3 ci/patches.py export`")
     head = git(tree, "rev-parse", "HEAD").stdout.strip()
     _stamp_path(tree).write_text(f"{series_digest(patch_dir)} {head}\n")
     return tree
@@ -162,14 +206,16 @@ def export(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR) -> list[P
     patch_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=patch_dir.parent) as tmp:
         git(tree, "format-patch", *_FORMAT_PATCH_OPTS, "-o", tmp, f"{BASE_TAG}..HEAD")
-        new = sorted(Path(tmp).glob("*.patch"))
-        for old in series(patch_dir):
+        new = sorted(Path(tmp).glob("*.patch"))  # NNNN-<subject>.patch: sorted is the series order
+        names = unnumbered_names([p.name for p in new])
+        for old in patch_dir.glob("*.patch"):
             old.unlink()
         out = []
-        for p in new:
-            dest = patch_dir / p.name
+        for p, name in zip(new, names, strict=True):
+            dest = patch_dir / name
             shutil.move(str(p), dest)
             out.append(dest)
+        (patch_dir / SERIES_FILE).write_text("".join(f"{n}\n" for n in names))
     # the tree now is exactly what the series describes
     _stamp_path(tree).write_text(f"{series_digest(patch_dir)} {git(tree, 'rev-parse', 'HEAD').stdout.strip()}\n")
     return out
@@ -184,7 +230,9 @@ def check(patch_dir: Path = PATCH_DIR) -> None:
         a = [p.name for p in series(patch_dir)]
         b = [p.name for p in series(again)]
         if a != b:
-            raise PatchError(f"round trip changed the series' file names:\n  {a}\n  {b}")
+            raise PatchError(f"round trip changed the series' file names or order:\n  {a}\n  {b}")
+        if a and not filecmp.cmp(patch_dir / SERIES_FILE, again / SERIES_FILE, shallow=False):
+            raise PatchError(f"round trip changed {SERIES_FILE}: run `ci/patches.py export` and commit the result")
         for name in a:
             if not filecmp.cmp(patch_dir / name, again / name, shallow=False):
                 raise PatchError(f"round trip changed {name}: run `ci/patches.py export` and commit the result")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README; .ci/run calls exactly this):
 #   set-up → build (host + both aarch64 variants, static, with llama-cli/llama-mtmd-cli/llama-mllama-dump) →
-#   pytest (tests/python/test_phone_path.py runs those aarch64 tools under qemu-aarch64 against x86) → CTest on
+#   lint (ruff + mypy over the Python tree, ci/lint.py) → pytest (tests/python/test_phone_path.py runs those aarch64 tools under qemu-aarch64 against x86) → CTest on
 #   x86 → CTest of both aarch64 builds under qemu-aarch64 -cpu max → the fuzz build (clang, ASan + UBSan) and its
 #   CTest: the regression inputs and a bounded run of every fuzz target (S3D8_FUZZ_SECONDS each, default 20;
 #   tests/fuzz) → one summary line "N passed, M failed".
@@ -29,6 +29,10 @@ for preset in "${presets[@]}"; do
         status=1
     fi
 done
+
+# lint and type check of the whole Python tree (ruff, mypy; pyproject.toml), one JUnit case each
+printf '\033[1m[test]\033[0m lint (ruff, mypy)\n' >&2
+"$PY" ci/lint.py --junitxml="$results/lint.xml" || status=1
 
 printf '\033[1m[test]\033[0m pytest\n' >&2
 "$PY" -m pytest -q -p no:cacheprovider --junitxml="$results/pytest.xml" tests/python || status=1

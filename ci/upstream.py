@@ -103,7 +103,7 @@ def _archive_commit(git_dir_tree: Path, commit: str, out_tar: Path) -> None:
         try:
             _git(git_dir_tree, "cat-file", "-e", f"{commit}^{{commit}}")
         except subprocess.CalledProcessError:
-            raise UpstreamError(f"{git_dir_tree}: HEAD is {head}, and commit {commit} is not available")
+            raise UpstreamError(f"{git_dir_tree}: HEAD is {head}, and commit {commit} is not available") from None
     out_tar.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_tar.with_suffix(".tar.tmp")
     with open(tmp, "wb") as f:

@@ -21,8 +21,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
@@ -33,7 +32,7 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 
 from .errors import ConvertError
-from .fsio import default_file_mode, fsync_dir, write_error_reason
+from gguf_s3d8.fsio import atomic_path, write_error_reason
 from .tensor_types import (S3D8Options, TypeChoice, byte_shape, choose_type, encode, encoded_dtype,
                            encoded_nbytes, is_quantisable_weight)
 
@@ -267,49 +266,44 @@ def write_plan(plan: OutputPlan, outfile: Path, *, progress: bool = True, dry_ru
     out_dir = outfile.parent if str(outfile.parent) else Path(".")
     if not out_dir.is_dir():
         raise ConvertError(f"output directory {out_dir} does not exist")
-    with _writing(outfile, writer):
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{outfile.name}.", suffix=".partial", dir=out_dir)
-    try:
-        os.fchmod(fd, default_file_mode())  # the output gets the mode a plain open() would give, not mkstemp's 0600
-    finally:
-        os.close(fd)
-    tmp = Path(tmp_name)
     bar = None
-    try:
+    with ExitStack() as commit:
         with _writing(outfile, writer):
-            writer.write_header_to_file(path=tmp)
-            writer.write_kv_data_to_file()
-            writer.write_ti_data_to_file()
-        bar = _progress(len(plan.tensors), progress)
-        for i, t in enumerate(plan.tensors):
-            if before_tensor is not None:
-                before_tensor(i, t)
-            bar.set_postfix_str(t.name, refresh=False)
-            enc = t.produce()
-            if enc.nbytes != t.nbytes:
-                raise RuntimeError(f"tensor {t.name}: encoder produced {enc.nbytes} bytes, planned {t.nbytes}")
-            with _writing(outfile, writer):
-                writer.write_tensor_data(enc)
-            del enc
-            bar.update(1)
-        bar.close()
-        bar = None
-        assert writer.fout is not None
-        with _writing(outfile, writer):
-            writer.flush()
-            for f in writer.fout:
-                os.fsync(f.fileno())
-            writer.close()
-            os.replace(tmp, outfile)
-        fsync_dir(out_dir)
-    except BaseException:
-        if bar is not None:
-            bar.close()
+            tmp = commit.enter_context(atomic_path(outfile))  # removed again if anything below raises
         try:
-            writer.close()  # flushing what is buffered can fail again (disk full): the file is closed regardless
-        except OSError:
-            writer.fout = None
-        tmp.unlink(missing_ok=True)
-        raise
+            with _writing(outfile, writer):
+                writer.write_header_to_file(path=tmp)
+                writer.write_kv_data_to_file()
+                writer.write_ti_data_to_file()
+            bar = _progress(len(plan.tensors), progress)
+            for i, t in enumerate(plan.tensors):
+                if before_tensor is not None:
+                    before_tensor(i, t)
+                bar.set_postfix_str(t.name, refresh=False)
+                enc = t.produce()
+                if enc.nbytes != t.nbytes:
+                    raise RuntimeError(f"tensor {t.name}: encoder produced {enc.nbytes} bytes, planned {t.nbytes}")
+                with _writing(outfile, writer):
+                    writer.write_tensor_data(enc)
+                del enc
+                bar.update(1)
+            bar.close()
+            bar = None
+            assert writer.fout is not None
+            with _writing(outfile, writer):
+                writer.flush()
+                for f in writer.fout:
+                    os.fsync(f.fileno())
+                writer.close()
+        except BaseException:
+            if bar is not None:
+                bar.close()
+            try:
+                writer.close()  # flushing what is buffered can fail again (disk full): the file is closed regardless
+            except OSError:
+                writer.fout = None
+            raise
+        with _writing(outfile, writer):
+            commit.close()  # rename into place, fsync the folder
     report.file_bytes = outfile.stat().st_size
     return report

@@ -12,6 +12,7 @@ another ``--type``) is refused.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from .errors import ConvertError
 
 def read_qat_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint's master weights and weight specs (raises ConvertError for anything else)."""
-    from qat.train import TrainError, load_checkpoint
+    from qat.checkpoint import load_checkpoint
+    from qat.errors import TrainError
 
     try:
         ck = load_checkpoint(path)

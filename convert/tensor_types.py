@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Final, Mapping, Sequence
+from typing import Final, Mapping, Sequence
 
 import numpy as np
 
@@ -132,7 +132,8 @@ def encoded_nbytes(shape: Sequence[int], qtype: QT) -> int:
 
 
 def encoded_dtype(qtype: QT) -> np.dtype:
-    return {QT.F32: np.dtype(np.float32), QT.F16: np.dtype(np.float16)}.get(qtype, np.dtype(np.uint8))
+    dtypes: dict[QT, np.dtype] = {QT.F32: np.dtype(np.float32), QT.F16: np.dtype(np.float16)}
+    return dtypes.get(qtype, np.dtype(np.uint8))
 
 
 #: S3D8 encoders a user can choose with ``--encoder``.

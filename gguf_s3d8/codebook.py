@@ -138,7 +138,7 @@ def lloyd(points: F64, counts: npt.NDArray[np.int64], centroids: F64, *,
     total = int(counts.sum())
     weights = counts.astype(np.float64)
     iterations = 0
-    for iterations in range(1, max_iterations + 1):
+    for iterations in range(1, max_iterations + 1):  # noqa: B007 (the count is returned after the loop)
         size = np.bincount(labels, weights=weights, minlength=len(c))
         sums = [np.bincount(labels, weights=weights * x, minlength=len(c)) for x in (x0, x1, x2)]
         occupied = size > 0

@@ -16,6 +16,7 @@ rows of the last triple, so that a buggy writer is caught.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -200,7 +201,10 @@ def _check_padding_signs(packed: U8, n: int, name: str) -> None:
                           f"(byte 0x{int(last[j]):02x}); padding rows must have S = 0")
 
 
-def _readonly(a: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+_G = TypeVar("_G", bound=np.generic)
+
+
+def _readonly(a: npt.NDArray[_G]) -> npt.NDArray[_G]:
     v = a.view()
     v.flags.writeable = False
     return v

@@ -156,7 +156,8 @@ def pad_codebook() -> npt.NDArray[np.uint8]:
     used = set(fixed)
     rows = list(fixed)
     while len(rows) < N_CENTROIDS:
-        c = tuple(int(v) for v in rng.integers(0, 128, size=3))
+        v = rng.integers(0, 128, size=3)
+        c = (int(v[0]), int(v[1]), int(v[2]))
         if c not in used:
             used.add(c)
             rows.append(c)

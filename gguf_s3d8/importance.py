@@ -39,7 +39,7 @@ Without an importance (None, or all zero) steps 3-4 are skipped (absmax scales, 
 assignment in weight space): with uniform weights the clipped scales and the weight-space Lloyd minimise the
 plain weight MSE, and that made SmolLM2 much worse (KLD 1.85 against 1.04 of the reference encoder).
 
-``llama-quantize --imatrix`` (``quantize_s3d8`` in ggml, patch 0001) runs the same algorithm; the two give
+``llama-quantize --imatrix`` (``quantize_s3d8`` in ggml, patch ggml-add-GGML_TYPE_S3D8-type-traits-validation-and-q) runs the same algorithm; the two give
 byte-identical containers (tests/python/test_codec_importance.py compares them on real tensors).
 """
 
@@ -297,15 +297,16 @@ def search_scales(w: F32, base: F32, codebook: U8, weights: I64, steps: int = CL
         best_e = np.full(p1 - p0, np.inf)
         best_t = np.zeros(p1 - p0, dtype=np.int64)
 
+        # called only within this iteration, so the loop variables it reads are the current ones (B023)
         def consider(t: I64, valid: npt.NDArray[np.bool_], coarse_pass: bool) -> None:
-            alpha = bf16_round(base[p0:p1] * factors[np.clip(t, 0, steps - 1)][:, None])
-            _, err = assign_weight_space(a, alpha, cb32)
+            alpha = bf16_round(base[p0:p1] * factors[np.clip(t, 0, steps - 1)][:, None])  # noqa: B023
+            _, err = assign_weight_space(a, alpha, cb32)  # noqa: B023
             e = _triple_error(err, weights)
-            better = valid & (e < best_e)
-            out[p0:p1][better] = alpha[better]
-            best_e[better] = e[better]
+            better = valid & (e < best_e)  # noqa: B023
+            out[p0:p1][better] = alpha[better]  # noqa: B023
+            best_e[better] = e[better]  # noqa: B023
             if coarse_pass:
-                best_t[better] = t[better]
+                best_t[better] = t[better]  # noqa: B023
 
         everywhere = np.ones(p1 - p0, dtype=bool)
         for t in coarse:

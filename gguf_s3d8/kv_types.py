@@ -96,7 +96,7 @@ def _pack_nibbles(q: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     """(nb, G) codes -> (nb, G/2) bytes, each 32-value sub-block as in Q4_1."""
     nb, g = q.shape
     q = q.reshape(nb, g // 32, 2, 16)
-    return (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(nb, g // 2)
+    return (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(nb, g // 2).astype(np.uint8, copy=False)
 
 
 def _unpack_nibbles(qs: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:

@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from .container import read_container
 from .errors import S3D8Error
+from .fsio import atomic_write
 
 FILE_FORMAT = "s3d8-tensors"
 FILE_VERSION = 1
@@ -57,16 +58,7 @@ def write_s3d8_tensors(path: str | os.PathLike[str], tensors: S3D8TensorFile) ->
     meta = {"format": FILE_FORMAT, "version": str(FILE_VERSION), "producer": tensors.producer,
             "info": json.dumps(tensors.info, sort_keys=True), "fingerprints": json.dumps(tensors.fingerprints, sort_keys=True)}
     blob = save({k: np.ascontiguousarray(v, dtype=np.uint8) for k, v in tensors.containers.items()}, metadata=meta)
-    out = Path(path)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, blob)
 
 
 def read_s3d8_tensors(path: str | os.PathLike[str]) -> S3D8TensorFile:
@@ -98,9 +90,9 @@ def read_s3d8_tensors(path: str | os.PathLike[str]) -> S3D8TensorFile:
     for name, a in arrays.items():
         if a.dtype != np.uint8 or a.ndim not in (2, 3):
             raise S3D8TensorFileError(f"{p}: tensor {name} is {a.dtype} {a.shape}, not a uint8 S3D8 container")
-        for e, piece in enumerate(a if a.ndim == 3 else [a]):
+        for i, piece in enumerate(a if a.ndim == 3 else [a]):
             try:
-                read_container(piece, name=name if a.ndim == 2 else f"{name}[{e}]")
+                read_container(piece, name=name if a.ndim == 2 else f"{name}[{i}]")
             except S3D8Error as err:
                 raise S3D8TensorFileError(f"{p}: {err}") from err
     return S3D8TensorFile(dict(arrays), dict(fingerprints), str(meta.get("producer", "")), info)

@@ -59,7 +59,7 @@ class Sample:
     teacher: str
 
     def __post_init__(self) -> None:
-        for name, typ in (("id", int), ("seed", int)):
+        for name in ("id", "seed"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ValueError(f"Sample.{name} must be an int, got {v!r}")

@@ -105,7 +105,8 @@ class GroupQuantiser(Protocol):
     dequantised values of any subset of that group's columns (rows, c), element-wise given the params.
     """
 
-    group: int
+    @property
+    def group(self) -> int: ...
 
     def group_params(self, cols: torch.Tensor) -> object: ...
 
@@ -211,7 +212,8 @@ class _AffineIntQuantiser:
         return scale, zero
 
     def quantise_columns(self, cols: torch.Tensor, params: object) -> torch.Tensor:
-        scale, zero = params  # type: ignore[misc]
+        assert isinstance(params, tuple)
+        scale, zero = params
         code = torch.clamp(torch.round(safe_divide(cols, scale)) + zero, 0, self.levels - 1)
         return (code - zero) * scale
 
@@ -374,8 +376,44 @@ def _log_spaced(lo: float, hi: float, n: int) -> tuple[float, ...]:
     return tuple(float(v) for v in np.exp(np.linspace(math.log(lo), math.log(hi), n)))
 
 
+class _TableFormat:
+    """What :class:`StudentTFormat` and :class:`LloydMaxFormat` share: a per-matrix K-level table fitted on the
+    absmax-normalised weight (:meth:`fitted_table`), nearest level times a bf16 absmax scale per block of
+    :attr:`scale_block` elements (None: one per row), and the same bit count (log2(K) per element, 16 bits per
+    scale, the K-entry table at 16 bits an entry)."""
+
+    levels: int
+
+    @property
+    def scale_block(self) -> int | None:
+        raise NotImplementedError
+
+    def fitted_table(self, w: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _table_quantiser(self, table: torch.Tensor, k: int) -> _TableQuantiser:
+        block = self.scale_block
+        return _TableQuantiser(group=k if block is None else min(block, k), divisor=1.0, table=table)
+
+    def quantiser(self, w: torch.Tensor) -> GroupQuantiser:
+        return self._table_quantiser(self.fitted_table(w), int(w.shape[-1]))
+
+    def qat_quantise(self, w: torch.Tensor, fitted: dict[str, torch.Tensor]) -> torch.Tensor:
+        m, shape = _as_matrix(w)
+        return direct_cast(self._table_quantiser(fitted["table"], int(m.shape[-1])), m).reshape(shape)
+
+    def quantise(self, w: torch.Tensor) -> torch.Tensor:
+        m, shape = _as_matrix(w)
+        return direct_cast(self.quantiser(m), m).reshape(shape)
+
+    def bits_per_param(self, shape: Sequence[int]) -> float:
+        numel = math.prod(int(s) for s in shape)
+        return (math.log2(self.levels) + _blocks_bits(int(shape[-1]), self.scale_block)
+                + TABLE_ENTRY_BITS * self.levels / numel)
+
+
 @dataclass(frozen=True)
-class StudentTFormat:
+class StudentTFormat(_TableFormat):
     """K-level CRD Student-t table (:func:`crd_t_table`) with bf16 block-absmax scales, fitted per tensor.
 
     Fit: for each df in 12 log-spaced values in [3, 100] and each scale multiplier s in 9 log-spaced
@@ -412,31 +450,18 @@ class StudentTFormat:
         assert best is not None
         return best[1], best[2], best[3]
 
-    def quantiser(self, w: torch.Tensor) -> GroupQuantiser:
-        _, _, table = self.fit(w)
-        return self._table_quantiser(table, int(w.shape[-1]))
+    @property
+    def scale_block(self) -> int | None:
+        return self.block
 
-    def _table_quantiser(self, table: torch.Tensor, k: int) -> _TableQuantiser:
-        return _TableQuantiser(group=min(self.block, k), divisor=1.0, table=table)
+    def fitted_table(self, w: torch.Tensor) -> torch.Tensor:
+        return self.fit(w)[2]
 
     def qat_fit(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         """The table ``multiplier * T(df)`` of the fit (float64, as :meth:`quantiser` uses it), df and multiplier."""
         df, s, table = self.fit(w)
         return {"table": table, "df": torch.tensor(df, dtype=torch.float64),
                 "multiplier": torch.tensor(s, dtype=torch.float64)}
-
-    def qat_quantise(self, w: torch.Tensor, fitted: dict[str, torch.Tensor]) -> torch.Tensor:
-        m, shape = _as_matrix(w)
-        return direct_cast(self._table_quantiser(fitted["table"], int(m.shape[-1])), m).reshape(shape)
-
-    def quantise(self, w: torch.Tensor) -> torch.Tensor:
-        m, shape = _as_matrix(w)
-        return direct_cast(self.quantiser(m), m).reshape(shape)
-
-    def bits_per_param(self, shape: Sequence[int]) -> float:
-        numel = math.prod(int(s) for s in shape)
-        return (math.log2(self.levels) + _blocks_bits(int(shape[-1]), self.block)
-                + TABLE_ENTRY_BITS * self.levels / numel)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -480,7 +505,7 @@ def _changed_assignments(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 @dataclass(frozen=True)
-class LloydMaxFormat:
+class LloydMaxFormat(_TableFormat):
     """Per-output-channel bf16 absmax scales and one K-level Lloyd-Max table per matrix.
 
     "Per-channel" is the scaling, as in the reference (``F.Scaled(log2 K, "lloyd_max", BFLOAT16, (1, None),
@@ -505,29 +530,16 @@ class LloydMaxFormat:
         _, u = _blocked_absmax_scales(m, None, 1.0)
         return lloyd_max_table(u, self.levels, threshold=self.threshold)
 
-    def quantiser(self, w: torch.Tensor) -> GroupQuantiser:
-        return self._table_quantiser(self.fit(w), int(w.shape[-1]))
+    @property
+    def scale_block(self) -> int | None:
+        return None  # one per-channel scale per row
 
-    @staticmethod
-    def _table_quantiser(table: torch.Tensor, k: int) -> _TableQuantiser:
-        return _TableQuantiser(group=k, divisor=1.0, table=table)  # one per-channel scale per row
+    def fitted_table(self, w: torch.Tensor) -> torch.Tensor:
+        return self.fit(w)
 
     def qat_fit(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         """The level table (float64, as :meth:`quantiser` uses it)."""
         return {"table": self.fit(w)}
-
-    def qat_quantise(self, w: torch.Tensor, fitted: dict[str, torch.Tensor]) -> torch.Tensor:
-        m, shape = _as_matrix(w)
-        return direct_cast(self._table_quantiser(fitted["table"], int(m.shape[-1])), m).reshape(shape)
-
-    def quantise(self, w: torch.Tensor) -> torch.Tensor:
-        m, shape = _as_matrix(w)
-        return direct_cast(self.quantiser(m), m).reshape(shape)
-
-    def bits_per_param(self, shape: Sequence[int]) -> float:
-        numel = math.prod(int(s) for s in shape)
-        return (math.log2(self.levels) + _blocks_bits(int(shape[-1]), None)
-                + TABLE_ENTRY_BITS * self.levels / numel)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Protocol, Sequence, TypeVar
 
-from qat.data import Sample, SampleWriter, recover
+from qat.data import FinishReason, Sample, SampleWriter, Template, recover
 from qat.prompts import (CHAT_TEMPLATE, CHAT_TEMPLATE_TEXT, DEFAULT_SEED, PLAIN_TEMPLATE, PLAIN_TEMPLATE_TEXT,
                          generation_seed, sample_prompt)
 
@@ -87,7 +87,7 @@ class Job:
     id: int
     gen_seed: int
     image: Path | None
-    template: str  # "chat" | "plain"
+    template: Template
     prompt: str
     prompt_text: str
 
@@ -98,7 +98,7 @@ class Teacher(Protocol):
     name: str
     renderer: "PromptRenderer"
 
-    def generate(self, job: Job, cfg: GenConfig) -> tuple[str, str]:
+    def generate(self, job: Job, cfg: GenConfig) -> tuple[str, FinishReason]:
         """(response without EOS, finish_reason "stop" | "length")."""
         ...
 
@@ -252,7 +252,7 @@ class TransformersTeacher:
                                   return_tensors="pt")
         return self.tokenizer(job.prompt_text, add_special_tokens=False, return_tensors="pt")
 
-    def generate(self, job: Job, cfg: GenConfig) -> tuple[str, str]:
+    def generate(self, job: Job, cfg: GenConfig) -> tuple[str, FinishReason]:
         import torch
 
         inputs = self._inputs(job).to(self.device)
@@ -267,7 +267,7 @@ class TransformersTeacher:
             out = self.model.generate(**inputs, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
                                       max_new_tokens=cfg.max_new_tokens, pad_token_id=self.pad_id)
         new = out[0, n_in:].tolist()
-        finish = "length"
+        finish: FinishReason = "length"
         if new and new[-1] in self.eos_ids:
             new, finish = new[:-1], "stop"
         return self.tokenizer.decode(new, skip_special_tokens=False), finish
@@ -326,7 +326,7 @@ class EndpointTeacher:
         bos = self.renderer.bos_text
         return text[len(bos):] if bos and text.startswith(bos) else text
 
-    def generate(self, job: Job, cfg: GenConfig) -> tuple[str, str]:
+    def generate(self, job: Job, cfg: GenConfig) -> tuple[str, FinishReason]:
         common = {"model": self.model, "temperature": cfg.temperature, "top_p": cfg.top_p,
                   "max_tokens": cfg.max_new_tokens, "seed": job.gen_seed, "stream": False}
         if job.template == "chat":
@@ -340,9 +340,10 @@ class EndpointTeacher:
             choice = choice["choices"][0]
             text = choice["message"]["content"] or ""
         else:
-            prompt: str | dict = self._strip_bos(job.prompt_text)
+            text_prompt = self._strip_bos(job.prompt_text)
+            prompt: str | dict = text_prompt
             if job.image is not None:
-                prompt = {"prompt_string": prompt.replace("<|image|>", MEDIA_MARKER, 1),
+                prompt = {"prompt_string": text_prompt.replace("<|image|>", MEDIA_MARKER, 1),
                           "multimodal_data": [image_base64(job.image)[1]]}
             choice = self._post("/completions", {**common, "prompt": prompt})["choices"][0]
             text = choice["text"]
@@ -375,7 +376,9 @@ def _ordered(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Iterator
 def make_job(teacher: Teacher, seed: int, index: int, images: Sequence[Path] | None, template: str) -> Job:
     """The fully determined input of sample ``index`` (``template``: "recipe", "chat" or "plain")."""
     sp = sample_prompt(seed, index)
-    tmpl = sp.template if template == "recipe" else template
+    if template not in ("recipe", "chat", "plain"):
+        raise ValueError(f"template {template!r} (expected recipe, chat or plain)")
+    tmpl: Template = sp.template if template == "recipe" else ("chat" if template == "chat" else "plain")
     image = images[index % len(images)] if images else None
     return Job(index, generation_seed(seed, index), image, tmpl, sp.prompt, teacher.renderer.render(sp.prompt, tmpl))
 

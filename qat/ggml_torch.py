@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from qat.numerics import safe_reciprocal
+from qat.numerics import f16_round, safe_reciprocal
 
 __all__ = ["Q8_0_BLOCK", "q8_0_dequantised", "q8_0_activations"]
 
@@ -41,13 +41,13 @@ def q8_0_dequantised(w: torch.Tensor) -> torch.Tensor:
     b = _blocks(w)
     d = b.abs().amax(dim=1, keepdim=True) / 127
     q = _roundf(b * safe_reciprocal(d))
-    return (q * d.to(torch.float16).to(torch.float32)).reshape(w.shape)
+    return (q * f16_round(d)).reshape(w.shape)
 
 
 def q8_0_activations(x: torch.Tensor) -> torch.Tensor:
     """Activations as ggml's Q8_0 matmul sees them: per 32-block, ``rne(x / d) * fp16(d)``, d = max|x| / 127."""
     b = _blocks(x)
     d = b.abs().amax(dim=1, keepdim=True) / 127
-    return ((torch.round(b * safe_reciprocal(d)) + 0.0) * d.to(torch.float16).to(torch.float32)).reshape(x.shape)
+    return ((torch.round(b * safe_reciprocal(d)) + 0.0) * f16_round(d)).reshape(x.shape)
 
 

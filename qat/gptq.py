@@ -339,6 +339,11 @@ def layer_stages(model: torch.nn.Module) -> list[list[str]]:
     return list(stages.values())
 
 
+def _names_in(names: frozenset[str]) -> Callable[[str, torch.nn.Module], bool]:
+    """``include`` for :func:`quantise_model`: the modules whose qualified name is in ``names``."""
+    return lambda n, m: n in names
+
+
 def gptq_sequential(model: torch.nn.Module, fmt: WeightFormat, batches: list[dict[str, Any]], *,
                     cfg: GPTQConfig = GPTQConfig(), quantisers: dict[str, GroupQuantiser] | None = None,
                     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None) -> ModelQuantReport:
@@ -351,7 +356,7 @@ def gptq_sequential(model: torch.nn.Module, fmt: WeightFormat, batches: list[dic
     for stage in (progress(stages) if progress else stages):
         hs = collect_hessians(model, batches, modules={n: mods[n] for n in stage}, stop_early=True)
         part = quantise_model(model, fmt, method="gptq", hessians=hs, cfg=cfg, quantisers=quantisers,
-                              include=lambda n, m, st=frozenset(stage): n in st)
+                              include=_names_in(frozenset(stage)))
         report.merge(part)
     done = {id(m.weight) for m in mods.values()}
     report.merge(quantise_model(model, fmt, method="direct", include=lambda n, m: id(m.weight) not in done))

@@ -175,15 +175,15 @@ def _jsonl_calibration(model_dir: Path, path: Path, sha: str, *, tokens: int, se
     if not examples:
         raise GPTQError(f"{path}: no sample fits --seq-len {seq_len}")
     batches, n = [], 0
-    for e in examples:
+    for ex in examples:
         if n >= tokens:
             break
         try:
-            inputs, _ = batcher([e])
+            inputs, _ = batcher([ex])
         except TrainError as err:
             raise GPTQError(str(err)) from err
         batches.append(inputs)
-        n += len(e.ids)
+        n += len(ex.ids)
     return Calibration(batches, n, str(path), sha, {"kind": "jsonl", "samples": len(batches), "seq_len": seq_len})
 
 

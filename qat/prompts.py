@@ -213,7 +213,7 @@ def sample_prompt(seed: int, index: int) -> SampledPrompt:
     """Sample ``index`` of the run seeded ``seed`` (a pure function of both; see the module docstring)."""
     rng = _rng(seed, index, 0)
     # the 13 draws, always made in this order
-    template = "chat" if rng.random() < P_CHAT else "plain"
+    template: Literal["chat", "plain"] = "chat" if rng.random() < P_CHAT else "plain"
     base_prompt = PROMPT_POOL[int(rng.integers(len(PROMPT_POOL)))]
     use_instruction = rng.random() < P_INSTRUCTION
     wrap = rng.random() < P_WRAP

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import torch
 
 from gguf_s3d8.constants import ACT_QMAX, N_CENTROIDS, SCALE_DIVISOR, VECTOR_DIM
-from qat.numerics import absmax_bf16_scale, safe_reciprocal
+from qat.numerics import absmax_bf16_scale, safe_divide, safe_reciprocal
 
 __all__ = ["absmax_scales", "normalise", "triples", "nearest_centroid", "s3d8_dequantised", "s3d8_weight_space_values",
            "quantize_activations", "fake_quant_activations"]
@@ -41,9 +41,7 @@ def absmax_scales(rows: torch.Tensor) -> torch.Tensor:
 
 def normalise(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``values / scale`` in fp32 (``scale`` broadcast), exactly +0 where ``scale == 0``."""
-    zero = scale == 0
-    out = values / torch.where(zero, torch.ones_like(scale), scale)
-    return torch.where(zero, torch.zeros_like(out), out)
+    return safe_divide(values, scale)
 
 
 def triples(w_norm: torch.Tensor) -> torch.Tensor:
@@ -63,6 +61,7 @@ def _first_argmin(distances: Iterator[torch.Tensor]) -> torch.Tensor:
         if best is None:
             best, idx = d, torch.zeros_like(d, dtype=torch.int64)
         else:
+            assert idx is not None
             lt = d < best
             idx = torch.where(lt, l, idx)
             best = torch.where(lt, d, best)

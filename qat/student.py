@@ -28,6 +28,7 @@ the nearest-centroid search.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,39 @@ from qat.s3d8_torch import fake_quant_activations, s3d8_dequantised, s3d8_weight
 __all__ = ["WeightSpec", "plan_weights", "fake_quant_weight", "weights_stepped", "quantise_student", "QuantLinear", "QuantEmbedding",
            "student_specs", "FormatSpec", "plan_format", "spec_from_state", "start_from_containers"]
 
-WEIGHT_TYPES = ("s3d8", "q8_0", "f16", "bf16", "f32")
+
+@dataclass(frozen=True)
+class GgufType:
+    """A GGUF weight type as the student computes with it: the dequantised value of a weight (fp32, GGUF row
+    order; ``spec`` gives S3D8 its codebook and frozen scales), the activation quantisation llama.cpp's CPU
+    matmul applies for it (None: none), and the elements per dynamic scale along a row (``scale_block(k)``; None:
+    no dynamic scale, the gradient is the plain identity)."""
+
+    dequantised: Callable[[torch.Tensor, "WeightSpec"], torch.Tensor]
+    activations: Callable[[torch.Tensor], torch.Tensor] | None
+    scale_block: Callable[[int], int | None]
+
+
+def _s3d8_values(g: torch.Tensor, spec: "WeightSpec") -> torch.Tensor:
+    assert spec.codebook is not None
+    if spec.scales is not None:
+        return s3d8_weight_space_values(g, spec.codebook, frozen_alpha(spec.scales))
+    return s3d8_dequantised(g, spec.codebook)
+
+
+def _no_scale(k: int) -> int | None:
+    return None
+
+
+#: The one dispatch on a weight's type string (:attr:`WeightSpec.qtype`).
+GGUF_TYPES: dict[str, GgufType] = {
+    "s3d8": GgufType(_s3d8_values, fake_quant_activations, lambda k: k),
+    "q8_0": GgufType(lambda g, spec: q8_0_dequantised(g), q8_0_activations, lambda k: 32),
+    "f16": GgufType(lambda g, spec: f16_round(g), f16_round, _no_scale),
+    "bf16": GgufType(lambda g, spec: bf16_rne(g), bf16_rne, _no_scale),
+    "f32": GgufType(lambda g, spec: g, None, _no_scale),
+}
+WEIGHT_TYPES = tuple(GGUF_TYPES)
 
 
 @dataclass
@@ -64,6 +97,33 @@ class WeightSpec:
     def state(self) -> dict[str, Any]:
         return {"hf_name": self.hf_name, "gguf_name": self.gguf_name, "qtype": self.qtype,
                 "perm": self.perm, "codebook": self.codebook, "scales": self.scales}
+
+    def gguf_type(self) -> GgufType:
+        found = GGUF_TYPES.get(self.qtype)
+        if found is None:
+            raise ValueError(f"{self.hf_name}: unknown weight type {self.qtype!r}")
+        return found
+
+    def dequantised(self, w: torch.Tensor) -> torch.Tensor:
+        """The GGUF's dequantised value of the fp32 master ``w`` (HF row order)."""
+        w = w.detach().to(torch.float32)
+        g = w if self.perm is None else w[self.perm]
+        h = self.gguf_type().dequantised(g, self)
+        if self.perm is None:
+            return h
+        out = torch.empty_like(h)
+        out[self.perm] = h
+        return out
+
+    def activation_quantiser(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        t = GGUF_TYPES.get(self.qtype)
+        return None if t is None else t.activations
+
+    def scale_block(self, k: int) -> int | None:
+        """Elements per dynamic scale along a row (S3D8: the row, Q8_0: 32); None for unscaled types and for
+        frozen S3D8 scales."""
+        t = GGUF_TYPES.get(self.qtype)
+        return None if t is None or self.scales is not None else t.scale_block(k)
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> "WeightSpec":
@@ -98,6 +158,12 @@ class FormatSpec:
 
     def state(self) -> dict[str, Any]:
         return {"kind": "format", "hf_name": self.hf_name, "format": self.format_id, "fitted": self.fitted}
+
+    def activation_quantiser(self) -> None:
+        return None  # simulated formats leave activations unquantised
+
+    def scale_block(self, k: int) -> None:
+        return None  # identity gradient
 
 
 def spec_from_state(d: dict[str, Any]) -> "WeightSpec | FormatSpec":
@@ -204,39 +270,7 @@ def plan_weights(model: nn.Module, model_dir: Path, *, vision_type: str | None =
 
 def _dequantised(w: torch.Tensor, spec: "WeightSpec | FormatSpec") -> torch.Tensor:
     """The GGUF's dequantised value of the fp32 master ``w`` (HF row order); a simulated format's value."""
-    if isinstance(spec, FormatSpec):
-        return spec.dequantised(w)
-    w = w.detach().to(torch.float32)
-    g = w if spec.perm is None else w[spec.perm]
-    if spec.qtype == "s3d8" and spec.scales is not None:
-        assert spec.codebook is not None
-        h = s3d8_weight_space_values(g, spec.codebook, frozen_alpha(spec.scales))
-    elif spec.qtype == "s3d8":
-        assert spec.codebook is not None
-        h = s3d8_dequantised(g, spec.codebook)
-    elif spec.qtype == "q8_0":
-        h = q8_0_dequantised(g)
-    elif spec.qtype == "f16":
-        h = f16_round(g)
-    elif spec.qtype == "bf16":
-        h = bf16_rne(g)
-    elif spec.qtype == "f32":
-        h = g
-    else:
-        raise ValueError(f"{spec.hf_name}: unknown weight type {spec.qtype!r}")
-    if spec.perm is None:
-        return h
-    out = torch.empty_like(h)
-    out[spec.perm] = h
-    return out
-
-
-def _scale_block(spec: WeightSpec, k: int) -> int | None:
-    """Elements per dynamic scale along a row (S3D8: the row, Q8_0: 32), None for unscaled types and frozen
-    scales."""
-    if isinstance(spec, WeightSpec) and spec.scales is not None:
-        return None
-    return {"s3d8": k, "q8_0": 32}.get(spec.qtype)
+    return spec.dequantised(w)
 
 
 def frozen_alpha(scales: torch.Tensor) -> torch.Tensor:
@@ -286,14 +320,14 @@ def start_from_containers(model: nn.Module, tensors: Any) -> tuple[list[str], li
 
 class _FakeQuantWeight(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, w: torch.Tensor, w_hat: torch.Tensor, block: int | None) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, w: torch.Tensor, w_hat: torch.Tensor, block: int | None) -> torch.Tensor:
         ctx.block = block
         if block is not None:
             ctx.save_for_backward(w, w_hat)
         return w_hat.view_as(w_hat)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         if ctx.block is None:
             return g, None, None
         w, w_hat = ctx.saved_tensors
@@ -314,11 +348,11 @@ class _STE(torch.autograd.Function):
     """Forward: the given value; backward: the gradient unchanged (activations)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
         return x_hat
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
         return g, None
 
 
@@ -349,7 +383,7 @@ class _WeightCache:
         if hit is not None and hit[0]() is w and hit[1] == stamp and hit[2] is spec:
             return hit[3]
         value = _dequantised(w, spec)
-        self._entries[key] = (weakref.ref(w, lambda _r, k=key: self._drop(k, _r)), stamp, spec, value)
+        self._entries[key] = (weakref.ref(w, functools.partial(self._drop, key)), stamp, spec, value)
         return value
 
     def _drop(self, key: int, ref: weakref.ref) -> None:
@@ -369,19 +403,7 @@ def weights_stepped() -> None:
 
 def fake_quant_weight(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
     """The dequantised GGUF value of ``w`` (forward) with the straight-through gradient (backward)."""
-    return _FakeQuantWeight.apply(w, _CACHE.get(w, spec), _scale_block(spec, w.shape[-1]))
-
-
-def _activation_quantiser(qtype: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    if qtype == "s3d8":
-        return fake_quant_activations
-    if qtype == "q8_0":
-        return q8_0_activations
-    if qtype == "f16":
-        return f16_round
-    if qtype == "bf16":
-        return bf16_rne
-    return None
+    return _FakeQuantWeight.apply(w, _CACHE.get(w, spec), spec.scale_block(w.shape[-1]))
 
 
 class QuantLinear(nn.Module):
@@ -392,7 +414,7 @@ class QuantLinear(nn.Module):
         self.weight = base.weight
         self.bias = base.bias
         self.spec = spec
-        self.act = _activation_quantiser(spec.qtype) if act_quant else None
+        self.act = spec.activation_quantiser() if act_quant else None
         self.in_features, self.out_features = base.in_features, base.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -429,10 +451,10 @@ def quantise_student(model: nn.Module, specs: dict[str, WeightSpec], *, act_quan
     for mod_name, mod in list(model.named_modules()):
         for child_name, child in list(mod.named_children()):
             if isinstance(child, (nn.Linear, nn.Embedding)):
-                spec = by_param.get(id(child.weight))
-                if spec is None:
+                found = by_param.get(id(child.weight))
+                if found is None:
                     raise ValueError(f"no weight spec for {mod_name}.{child_name}")
-                new = QuantLinear(child, spec, act_quant) if isinstance(child, nn.Linear) else QuantEmbedding(child, spec)
+                new = QuantLinear(child, found, act_quant) if isinstance(child, nn.Linear) else QuantEmbedding(child, found)
                 setattr(mod, child_name, new)
     return model
 

@@ -46,18 +46,17 @@ Typical use::
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
-import os
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
+
+from gguf_s3d8.fsio import atomic_file, atomic_path, atomic_write
 
 __all__ = [
     "TextEvalResult",
@@ -68,7 +67,6 @@ __all__ = [
     "model_fingerprint",
     "evaluate",
     "perplexity",
-    "atomic_write",
 ]
 
 
@@ -197,8 +195,7 @@ class TeacherCache:
         n, ctx = windows.shape
         if not meta_path.is_file():
             vocab = None
-            tmp_logp = Path(tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".f16")[1])
-            try:
+            with atomic_path(logp_path) as tmp_logp:
                 nll = np.empty((n, ctx - 1), dtype=np.float32)
                 mm: np.memmap | None = None
                 for i in _progress(range(n), progress, "teacher"):
@@ -213,12 +210,7 @@ class TeacherCache:
                 mm.flush()
                 del mm
                 _atomic_save_npy(nll_path, nll)
-                os.replace(tmp_logp, logp_path)
-                atomic_write(meta_path, json.dumps({"version": cls.VERSION, "n": n, "ctx": ctx,
-                                                          "vocab": vocab}))
-            finally:
-                if tmp_logp.exists():
-                    tmp_logp.unlink()
+            atomic_write(meta_path, json.dumps({"version": cls.VERSION, "n": n, "ctx": ctx, "vocab": vocab}))
         meta = json.loads(meta_path.read_text())
         logp_mm = np.memmap(logp_path, dtype=np.float16, mode="r", shape=(meta["n"], meta["ctx"] - 1, meta["vocab"]))
         return cls(windows, logp_mm, np.load(nll_path), base)
@@ -269,9 +261,9 @@ def evaluate(student: Callable[..., Any], teacher: torch.nn.Module | TeacherCach
             count += kl.numel()
     kl_mean = kl_sum / count
     var = max(kl_sq / count - kl_mean * kl_mean, 0.0)
-    nll, nll_t = nll_sum / count, nll_t_sum / count
-    return TextEvalResult(kl=kl_mean, ppl=math.exp(nll), ppl_teacher=math.exp(nll_t), n_tokens=count,
-                          nll=nll, nll_teacher=nll_t, kl_stderr=math.sqrt(var / count))
+    nll, nll_teacher = nll_sum / count, nll_t_sum / count
+    return TextEvalResult(kl=kl_mean, ppl=math.exp(nll), ppl_teacher=math.exp(nll_teacher), n_tokens=count,
+                          nll=nll, nll_teacher=nll_teacher, kl_stderr=math.sqrt(var / count))
 
 
 def perplexity(model: Callable[..., Any], windows: torch.Tensor) -> float:
@@ -314,20 +306,6 @@ def _progress(it: Sequence[int] | range, enabled: bool, desc: str) -> Iterator[i
     return iter(tqdm(it, desc=desc, leave=False))
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write a file atomically (temporary sibling, then rename); creates the parent folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def load_results(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     """An experiment's results file if it was written with ``config``, else a fresh one (a note on stderr)."""
     if path.is_file():
@@ -339,6 +317,5 @@ def load_results(path: Path, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _atomic_save_npy(path: Path, arr: np.ndarray) -> None:
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    atomic_write(path, buf.getvalue())
+    with atomic_file(path) as f:
+        np.save(f, arr)

@@ -2,7 +2,7 @@
 
 Widths are chosen so that both S3D8 and the Q8_0 fallback occur (k = 1024: q/k/v (384/192 rows), gate/up
 (384 rows) and the tied 768-row embedding are S3D8-eligible; o_proj and down_proj (k = 384) are not; head_dim 96),
-and the q/k RoPE row permutation touches S3D8 matrices. The tokenizer is the toy byte-level BPE of the mllama tests (505 ids).
+and the q/k RoPE row permutation touches S3D8 matrices. The tokenizer is the toy byte-level BPE of ``qat.toy_tokenizer`` (505 ids).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 1024, 4, 2, 96, 384, 768
 def write_teacher(out_dir: Path, *, layers: int = 1, seed: int = 0) -> Path:
     """config.json, model.safetensors (fp32) and tokenizer files of the tiny teacher in ``out_dir``."""
     from convert.synthetic import llama_tensors, write_tiny_llama
-    from tests.mllama.tiny_model import build_tokenizer
+    from qat.toy_tokenizer import build_tokenizer
 
     t = llama_tensors(hidden=HIDDEN, layers=layers, heads=HEADS, kv_heads=KV_HEADS, ffn=FFN, vocab=VOCAB, tied=True,
                       seed=seed, head_dim=HEAD_DIM, std=0.03)

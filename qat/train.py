@@ -37,24 +37,20 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Collection, NoReturn, Sequence
+from typing import Any, Callable, Collection, NoReturn, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-CHECKPOINT_NAME = "checkpoint.pt"
-CHECKPOINT_FORMAT = "s3d8-qat-checkpoint"
-CHECKPOINT_VERSION = 1
-
-
-class TrainError(Exception):
-    """A user-facing error (bad option, unusable data or checkpoint): printed as one line, exit status 2."""
+from qat.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_NAME, CHECKPOINT_VERSION, load_checkpoint,
+                            remove_stale_checkpoint_tmps, save_checkpoint)
+from qat.errors import TrainError
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -127,7 +123,9 @@ class Batcher:
         self.pad_id, self.processor, self.image_token_id, self.max_num_tiles = pad_id, processor, image_token_id, max_num_tiles
         self._images: dict[str, Any] = {}
 
-    def _image(self, path: str) -> Any:
+    def _image(self, path: str | None) -> Any:
+        if path is None:
+            raise TrainError("a sample without an image for a vision model (qat.generate writes one per sample)")
         if path not in self._images:
             from qat.generate import load_rgb
 
@@ -180,7 +178,7 @@ class SelectedLogits(nn.Module):
 
     def __init__(self, lm: nn.Module) -> None:
         super().__init__()
-        self.lm = lm
+        self.lm: Any = lm  # an HF causal LM (.model, .lm_head)
 
     def forward(self, mask: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
         hidden = self.lm.model(**inputs).last_hidden_state
@@ -236,7 +234,7 @@ def build_student(teacher_dir: Path, *, specs_state: dict[str, Any] | None = Non
     """
     from qat.student import plan_format, plan_weights, quantise_student, spec_from_state
 
-    model = load_teacher(teacher_dir)
+    model: Any = load_teacher(teacher_dir)  # an HF PreTrainedModel (.config)
     model.requires_grad_(True)
     if specs_state is None and weight_format is not None:
         if model.config.model_type != "llama":
@@ -302,88 +300,6 @@ def freeze_all_but_s3d8(student: nn.Module) -> int:
     return n
 
 
-# ---------------------------------------------------------------------------------------------------
-# checkpoints
-
-
-def _checkpoint_tmp(path: Path, pid: int) -> Path:
-    return path.with_name(f".{path.name}.{pid}.tmp")
-
-
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """torch.save into a temporary file next to ``path``, fsync, rename, fsync the folder: never a half-written
-    file. A failed write (disk full, file size limit) raises TrainError naming ``path`` and the OS's reason; the
-    previous checkpoint is untouched and the temporary file removed. Only a process killed outright leaves its
-    temporary file ``.<name>.<pid>.tmp``, which the next run removes (:func:`remove_stale_checkpoint_tmps`)."""
-    from convert.fsio import fsync_dir, write_error_reason
-
-    tmp = _checkpoint_tmp(path, os.getpid())
-    try:
-        f = open(tmp, "wb")
-        try:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
-            why = write_error_reason(e, f.fileno())
-            try:
-                f.close()  # flushing the rest fails again on a full disk; the file is closed regardless
-            except OSError:
-                pass
-            if why is None:
-                raise
-            raise TrainError(f"{path}: cannot write the checkpoint: {why} (the previous {path.name}, if any, "
-                             "is unchanged)") from e
-        f.close()
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except OSError as e:  # open or rename
-        raise TrainError(f"{path}: cannot write the checkpoint: {e.strerror or e}") from e
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def remove_stale_checkpoint_tmps(path: Path) -> list[Path]:
-    """Remove the temporary files ``.<name>.<pid>.tmp`` next to ``path`` that processes killed while saving
-    (SIGKILL, OOM killer, power loss) left behind, those whose process no longer runs; returns them."""
-    removed = []
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-        pid = tmp.name[len(path.name) + 2: -len(".tmp")]
-        if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
-            continue
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            continue
-        removed.append(tmp)
-    return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """A QAT checkpoint written by :func:`save_checkpoint` (raises TrainError if it is not one)."""
-    if not path.is_file():
-        raise TrainError(f"{path}: no such checkpoint")
-    try:
-        ck = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # torch raises assorted types for corrupt files
-        raise TrainError(f"{path}: cannot read checkpoint ({e})") from e
-    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
-        raise TrainError(f"{path}: not a QAT checkpoint (format {ck.get('format') if isinstance(ck, dict) else None!r})")
-    if ck.get("version") != CHECKPOINT_VERSION:
-        raise TrainError(f"{path}: checkpoint version {ck.get('version')} (expected {CHECKPOINT_VERSION})")
-    return ck
-
-
 def student_from_checkpoint(path: Path | dict[str, Any], teacher_dir: Path | None = None, *,
                             act_quant: bool = True) -> nn.Module:
     """The student of a checkpoint file or of one already loaded by :func:`load_checkpoint` (frozen codebooks,
@@ -412,7 +328,7 @@ def full_state_dicts(student: nn.Module, opt: torch.optim.Optimizer) -> tuple[di
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd = get_model_state_dict(student, options=options)
-    opt_sd = get_optimizer_state_dict(student, opt, options=options)
+    opt_sd: dict[str, Any] = get_optimizer_state_dict(student, opt, options=options)
     if torch.distributed.get_rank() != 0:
         return {}, {}
     first: dict[int, str] = {}
@@ -509,7 +425,8 @@ def fully_shard_student(net: nn.Module, student: nn.Module, device: torch.device
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (world,))
-    layers = set(student._no_split_modules)
+    hf: Any = student  # an HF PreTrainedModel
+    layers = set(hf._no_split_modules)
     for m in student.modules():
         if type(m).__name__ in layers:
             fully_shard(m, mesh=mesh)
@@ -558,7 +475,7 @@ def train(args: argparse.Namespace) -> list[float]:
         raise TrainError(f"{ck_path}: written for {what(ck.get('weight_format'))}, not {what(args.format)}")
     progress = not args.no_progress and rank == 0
     start = read_start_file(args.init_from) if ck is None and args.init_from is not None else None
-    student = build_student(args.teacher, specs_state=ck["specs"] if ck else None, fallback_type=args.fallback_type,
+    student: Any = build_student(args.teacher, specs_state=ck["specs"] if ck else None, fallback_type=args.fallback_type,
                             centroid_rule=args.centroid_rule, seed=args.seed, act_quant=not args.no_act_quant,
                             progress=progress, vision_type=args.vision_type, weight_format=args.format,
                             given_codebooks=set(start.containers) if start is not None else ())
@@ -572,10 +489,10 @@ def train(args: argparse.Namespace) -> list[float]:
     student.to(device)
     teacher.to(device)
     if args.grad_checkpointing:
-        student.gradient_checkpointing_enable(  # noqa: deprecated alias kept by transformers 5
+        student.gradient_checkpointing_enable(  # deprecated alias, kept by transformers 5
             gradient_checkpointing_kwargs={"use_reentrant": False})
     student.train()
-    net: nn.Module = SelectedLogits(student)
+    net: Any = SelectedLogits(student)  # or its DDP / FSDP2 wrapper
     fsdp = world > 1 and args.parallel == "fsdp2"
     if fsdp:
         fully_shard_student(net, student, device, world)
@@ -612,10 +529,11 @@ def train(args: argparse.Namespace) -> list[float]:
                 "model": model_sd, "optimizer": opt_sd, "scheduler": sched.state_dict()}
 
     stop_at = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
+    taps: Callable[[], AbstractContextManager[Any]] = nullcontext
     if mllama:
-        from qat.mllama_hf import meta_taps as taps
-    else:
-        taps = nullcontext
+        from qat.mllama_hf import meta_taps
+
+        taps = meta_taps
     from tqdm import tqdm
 
     bar = tqdm(total=args.steps, initial=step, desc="QAT", unit="step", disable=not progress, file=sys.stderr,
@@ -653,6 +571,7 @@ def train(args: argparse.Namespace) -> list[float]:
         if step % args.save_every == 0 or step == stop_at:
             ck_state = state() if fsdp or rank == 0 else None  # FSDP2: every rank takes part in the gather
             if rank == 0:
+                assert ck_state is not None
                 save_checkpoint(ck_path, ck_state)
     bar.close()
     if rank == 0:
@@ -662,14 +581,12 @@ def train(args: argparse.Namespace) -> list[float]:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    from gguf_s3d8.fsio import atomic_write
+
     try:
-        tmp.write_text(json.dumps(obj, indent=1) + "\n")
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(obj, indent=1) + "\n")
     except OSError as e:
         raise TrainError(f"{path}: cannot write: {e.strerror or e}") from e
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ Everything is cached under .cache/main-job/ (a second run only re-measures).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -248,14 +249,14 @@ def main(argv: list[str] | None = None) -> int:
                                ("S3D8", "s3d8-iw1", []),
                                ("S3D8 ref", "s3d8-reference", ["--encoder", "reference"])):
         out = work / f"smollm2-135m-{fname}.gguf"
-        variants[name] = timed(lambda out=out, extra=extra: converted(f16, out, "s3d8", *extra), out, times)
+        variants[name] = timed(functools.partial(converted, f16, out, "s3d8", *extra), out, times)
     s3d8 = variants["S3D8+im"]
     s3d8_tensors = sorted(name for name, (t, _) in tensor_table(s3d8).items() if t == "S3D8")
     log(f"S3D8 holds {len(s3d8_tensors)} tensors ({', '.join(sorted({n.split('.', 2)[-1] for n in s3d8_tensors}))})")
     for name, qtype, with_im in LLAMA_VARIANTS:
         out = work / f"smollm2-135m-{qtype}-{'im' if with_im else 'noim'}.gguf"
-        variants[name] = timed(lambda out=out, qtype=qtype, with_im=with_im: quantized(
-            f16, out, qtype, s3d8_tensors, imatrix if with_im else None), out, times)
+        variants[name] = timed(functools.partial(quantized, f16, out, qtype, s3d8_tensors, imatrix if with_im else None),
+                               out, times)
     gptq_gguf = work / "smollm2-135m-s3d8-gptq.gguf"
     if args.gptq or gptq_gguf.exists():
         variants["S3D8 GPTQ"] = timed(lambda: gptq_converted(hf, f16, train_txt, variants["S3D8 lq+im"], work, gptq_gguf),

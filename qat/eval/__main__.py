@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from qat.eval.backends import Backend
 from qat.eval.examples import DatasetError
 from qat.eval.readers import read_dataset
 from qat.eval.runner import evaluate, write_results
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    backend: Backend
     if args.model is not None:
         from qat.eval.backends import TransformersBackend
 
@@ -68,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from qat.eval.backends import OpenAIBackend
 
-        backend = OpenAIBackend(args.endpoint, model=args.server_model, api_key=args.api_key, timeout=args.timeout)
-        name = f"openai:{backend.url}"
+        openai = OpenAIBackend(args.endpoint, model=args.server_model, api_key=args.api_key, timeout=args.timeout)
+        backend = openai
+        name = f"openai:{openai.url}"
     try:
         results = evaluate(task, examples, backend, n=args.n, seed=args.seed, progress=not args.no_progress,
                            backend_name=name)

@@ -8,11 +8,10 @@ The result is ``{"task", "metric", "score", "n", "seed", "dataset_size", "max_ne
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from gguf_s3d8.fsio import atomic_file
 from qat.eval.backends import Backend
 from qat.eval.examples import DatasetError, Example
 from qat.eval.subset import subset_indices
@@ -50,12 +49,6 @@ def write_results(results: dict[str, Any], path: Path | str) -> None:
     """Write ``results`` as JSON atomically (temporary file in the same folder, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=1, ensure_ascii=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1, ensure_ascii=False)
+        f.write("\n")

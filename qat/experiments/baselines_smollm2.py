@@ -33,7 +33,6 @@ import argparse
 import copy
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -47,7 +46,8 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from qat.formats import IntFormat, WeightFormat, format_family, format_from_id  # noqa: E402
-from qat.text_eval import atomic_write, load_results  # noqa: E402
+from gguf_s3d8.fsio import atomic_path, atomic_write  # noqa: E402
+from qat.text_eval import load_results  # noqa: E402
 
 RESULTS_VERSION = 1
 
@@ -71,7 +71,7 @@ class Spec:
 
 #: INT8 with one bf16 absmax scale per output channel (k = 576 inputs): the reference's INT8 weights.
 INT8_CHANNEL = IntFormat(256, 576)
-HEAD_NAMES = {INT8_CHANNEL: "INT8 per-channel"}
+HEAD_NAMES: dict[WeightFormat, str] = {INT8_CHANNEL: "INT8 per-channel"}
 
 
 def plan(quick: bool = False) -> list[tuple[Spec, str]]:
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if data["teacher"] is None:
         r = evaluate(teacher, cache)
         data["teacher"] = {"ppl": r.ppl, "n_tokens": r.n_tokens, "n_params": n_params, "seconds": time.time() - t0}
-        atomic_write(args.results, json.dumps(data, indent=1))
+        atomic_write(args.results, json.dumps(data, indent=1), make_parents=True)
 
     todo = [(s, m) for s, m in plan(args.quick) if (s.id, m) not in done and (args.only is None or s.id in args.only)]
     hessians = None
@@ -173,9 +173,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     quantisers=qs)
         else:
             head_w = student.get_output_embeddings().weight
-            head = quantise_model(student, spec.head, method="direct", include=lambda n, m: m.weight is head_w)
+            head = quantise_model(student, spec.head, method="direct", include=lambda n, m: m.weight is head_w)  # noqa: B023 (used at once)
             report = quantise_model(student, spec.fmt, method=method, hessians=hessians, cfg=GPTQConfig(),
-                                    quantisers=qs, include=lambda n, m: m.weight is not head_w)
+                                    quantisers=qs, include=lambda n, m: m.weight is not head_w)  # noqa: B023
             report.bits += head.bits
             report.params += head.params
         t_quant = time.time() - t
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                  "seconds_quantise": t_quant, "seconds_eval": t_eval}
         data["results"].append(entry)
         done.add((spec.id, method))
-        atomic_write(args.results, json.dumps(data, indent=1))
+        atomic_write(args.results, json.dumps(data, indent=1), make_parents=True)
         tqdm.write(f"{spec.label:28s} {method:6s} bits {bits_all:.3f} KL {r.kl:.4f} PPL {r.ppl:.2f} "
                    f"({t_quant:.0f}+{t_eval:.0f} s)")
         del student
@@ -313,10 +313,9 @@ def plot(data: dict[str, Any], qat: list[dict[str, Any]], metric: str, out: Path
                           label="hollow: lm_head INT8"))
     ax.legend(handles=handles, fontsize=8, loc="upper right")
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".") or "png")
     plt.close(fig)
-    os.replace(tmp, out)
 
 
 def _fmt(x: float | None, nd: int = 3) -> str:
@@ -448,7 +447,7 @@ format's bits including scales and tables, the norm weights at 16).
 - Compute: {secs / 60:.0f} min of quantisation + evaluation on a shared 2-core machine
   (torch threads = 1 per run), excluding calibration.
 """
-    atomic_write(out_dir / "baselines.md", md)
+    atomic_write(out_dir / "baselines.md", md, make_parents=True)
 
 
 DISCUSSION_FILE = REPO / "qat" / "experiments" / "baselines_smollm2_discussion.md"
@@ -483,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     discussion = DISCUSSION_FILE.read_text() if DISCUSSION_FILE.is_file() else ""
     s3d8_bits = next((r["bits_per_param"] for r in data["results"] if r["id"] == "s3d8"), None)
     paths = [p.relative_to(REPO) if p.is_absolute() and REPO in p.parents else p for p in args.qat_results]
-    qat = []
+    qat: list[Any] = []
     for p, rel in zip(args.qat_results, paths):
         rows = [{**r, "source": str(rel)} for r in load_qat(p, s3d8_bits, data["config"])]
         # QAT runs on the same data and eval windows share their direct-cast reference: list it once

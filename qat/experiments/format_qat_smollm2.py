@@ -41,7 +41,8 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from qat.text_eval import atomic_write, load_results  # noqa: E402
+from gguf_s3d8.fsio import atomic_write  # noqa: E402
+from qat.text_eval import load_results  # noqa: E402
 from qat.train import add_run_options, run_argv  # noqa: E402
 
 DEFAULT_FORMATS = ("int6_g128", "studentt6_g128", "lloydmax6", "s3d8")
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if results["teacher"] is None:
         r = evaluate(teacher, cache)
         results["teacher"] = {"ppl": r.ppl, "n_tokens": r.n_tokens}
-        atomic_write(a.json, json.dumps(results, indent=1) + "\n")
+        atomic_write(a.json, json.dumps(results, indent=1) + "\n", make_parents=True)
     del teacher
     data_sha = file_sha256(a.data)
     n_samples = len(read_samples(a.data))
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                  "seconds_train_last_invocation": run_info["seconds_this_run"], "seconds_per_step_last_invocation":
                  per_step, "seconds_eval": t_eval}
         results["results"] = [e for e in results["results"] if e["id"] != fid] + [entry]
-        atomic_write(a.json, json.dumps(results, indent=1) + "\n")
+        atomic_write(a.json, json.dumps(results, indent=1) + "\n", make_parents=True)
         print(f"{fid}: bits {entry['bits_per_param']:.3f}  direct KL {direct.kl:.4f} (sweep "
               f"{'-' if sweep is None else format(sweep['kl'], '.4f')})  QAT KL {r.kl:.4f} PPL {r.ppl:.2f}", flush=True)
         del student

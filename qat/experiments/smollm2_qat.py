@@ -110,7 +110,7 @@ def main() -> int:
         return 2
     result["train_seconds_last_invocation"] = time.time() - t0
     ck = a.run / "checkpoint.pt"
-    from qat.train import load_checkpoint
+    from qat.checkpoint import load_checkpoint
 
     info = load_checkpoint(ck)
     result["losses"], result["lr"], result["steps"] = info["losses"], info["lr"], info["step"]

@@ -26,10 +26,11 @@ import io
 import struct
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from tests.mllama.tiny_model import byte_to_unicode
+from qat.toy_tokenizer import byte_to_unicode
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = REPO_ROOT / "tests" / "data" / "s3d8_golden"
@@ -56,7 +57,7 @@ class Model:
 
     def __init__(self, arch: str):
         self.arch = arch
-        self.kv: dict[str, tuple[object, object]] = {}  # key -> (value, GGUFValueType or None)
+        self.kv: dict[str, tuple[Any, Any]] = {}  # key -> (value, GGUFValueType or None)
         self.tensors: dict[str, tuple[np.ndarray, object, tuple[int, ...] | None]] = {}
 
     def set(self, key: str, value, vtype=None):
@@ -197,8 +198,8 @@ def llama_s3d8(tok) -> Model:
 
 # --- the tiny mllama (text + mmproj) ---------------------------------------------------------------------
 
-TEXT = dict(E=48, F=64, H=2, HKV=1, D=24, layers=3, cross=[1])
-VISION = dict(E=32, H=2, layers=2, global_layers=1, image=28, patch=7, tiles=4, feature_layer=[0, 1])
+TEXT: dict[str, Any] = dict(E=48, F=64, H=2, HKV=1, D=24, layers=3, cross=[1])
+VISION: dict[str, Any] = dict(E=32, H=2, layers=2, global_layers=1, image=28, patch=7, tiles=4, feature_layer=[0, 1])
 
 
 def mllama_text(tok) -> Model:

@@ -9,9 +9,17 @@ else (norms, attention, gates, tables) stays float32, so the two implementations
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
+
+
+def _f16_conv(x, *, w16, stride, padding):
+    """A Conv2d whose input and weights are rounded to f16 (what llama.cpp's F16 convolution computes)."""
+    import torch
+
+    return torch.nn.functional.conv2d(x.half().float(), w16, stride=stride, padding=padding)
 
 
 def _gguf_tensors(path: Path) -> dict[str, tuple[str, np.ndarray]]:
@@ -78,8 +86,7 @@ def patch_model(model, model_dir: Path, ggufs: list[Path]) -> dict[str, str]:
             if ttype == "F16":
                 w16 = mod.weight.detach().half().float()
                 stride, padding = mod.stride, mod.padding
-                mod.forward = lambda x, w16=w16, stride=stride, padding=padding: torch.nn.functional.conv2d(
-                    x.half().float(), w16, stride=stride, padding=padding)
+                mod.forward = functools.partial(_f16_conv, w16=w16, stride=stride, padding=padding)  # type: ignore[method-assign]
                 report[gname] = "f16 conv"
             continue
         bias = mod.bias.detach() if mod.bias is not None else None
@@ -89,7 +96,7 @@ def patch_model(model, model_dir: Path, ggufs: list[Path]) -> dict[str, str]:
             mod.forward = make_s3d8_forward(w_int, alpha, inv_perm, bias)
             report[gname] = "s3d8 integer matmul"
         elif ttype == "F16":
-            mod.forward = make_f16_forward(mod.weight.detach().half().float(), bias)
+            mod.forward = make_f16_forward(mod.weight.detach().half().float(), bias)  # type: ignore[method-assign]
             report[gname] = "f16 matmul"
         elif ttype not in ("F32",):
             raise NotImplementedError(f"{gname}: no emulation of {ttype} in the reference")

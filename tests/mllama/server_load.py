@@ -466,7 +466,7 @@ def send(port: int, v: Variant, body: bytes, timeout: float) -> tuple[int | None
             conn.send(body)
         except (BrokenPipeError, ConnectionResetError) as e:
             # the server may refuse a body before it is complete (413): its answer is still to be read
-            sent_error = e
+            sent_error: OSError | None = e
         else:
             sent_error = None
         if v.mode == "disconnect":
@@ -475,7 +475,7 @@ def send(port: int, v: Variant, body: bytes, timeout: float) -> tuple[int | None
         try:
             res = conn.getresponse()
         except (ConnectionError, http.client.HTTPException) as e:
-            raise (sent_error or e)
+            raise (sent_error or e)  # noqa: B904 (re-raises the first error as it was)
         status = res.status
         ctype = res.getheader("Content-Type", "")
         if status == 200 and v.mode in ("stream", "cancel"):
@@ -719,7 +719,7 @@ def run(cfg: Config, progress: Callable[[str], None] = lambda s: None) -> dict:
         wall = time.perf_counter() - t_start
 
         # the end state
-        health = None
+        health: object = None
         if srv.alive():
             try:
                 health = S.http_get(srv.port, "/health", timeout=30)[0]

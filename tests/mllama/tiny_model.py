@@ -8,8 +8,9 @@ The recipe follows the shared spec (mllama.md section 6) with two changes the te
 * every scalar gate, every norm weight/bias and the tile tables are randomised, otherwise tanh(0) = 0
   switches whole branches off and all-ones norm weights hide wrong-tensor bugs.
 
-A small byte-level BPE tokenizer (256 byte tokens + merges + the Llama-3 special tokens, ``<|image|>``
-right after the text vocabulary, as in the real model) makes the checkpoint usable end to end.
+The toy byte-level BPE tokenizer of ``qat.toy_tokenizer`` (256 byte tokens + merges + the Llama-3 special
+tokens, ``<|image|>`` right after the text vocabulary, as in the real model; its names are re-exported here)
+makes the checkpoint usable end to end.
 
 Models are written once per configuration into a cache directory (``$S3D8_CACHE`` or ``<repo>/.cache``)
 under a name derived from the configuration hash; creation is atomic (temporary folder + rename).
@@ -26,42 +27,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from qat.toy_tokenizer import (BOS_ID, CHAT_TEMPLATE, END_HEADER_ID, EOS_ID, EOT_ID, IMAGE_TOKEN_ID,  # noqa: F401
+                               N_BPE, PAD_ID, SPECIAL_TOKENS, START_HEADER_ID, VOCAB_SIZE, build_tokenizer,
+                               byte_to_unicode, token_bytes)
 
-#: Token ids of the toy tokenizer (text vocabulary = 504 ids, image token = 504, embeddings = 512 rows; both
-#: the output and the embedding matrices are S3D8-eligible at these sizes).
-N_BPE = 496
-SPECIAL_TOKENS = [
-    "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-    "<|eot_id|>", "<|finetune_right_pad_id|>", "<|eom_id|>", "<|python_tag|>",
-]
-VOCAB_SIZE = N_BPE + len(SPECIAL_TOKENS)  # 504
-BOS_ID = N_BPE + 0
-EOS_ID = N_BPE + 1
-START_HEADER_ID = N_BPE + 2
-END_HEADER_ID = N_BPE + 3
-EOT_ID = N_BPE + 4
-PAD_ID = N_BPE + 5
-IMAGE_TOKEN_ID = VOCAB_SIZE  # 504
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 IMAGE_SIZE = 28
 PATCH_SIZE = 7
 IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
 IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
-
-CHAT_TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- for message in messages %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- else %}{%- for content in message['content'] %}"
-    "{%- if content['type'] == 'image' %}{{- '<|image|>' }}"
-    "{%- elif content['type'] == 'text' %}{{- content['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}"
-    "{{- '<|eot_id|>' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
-)
 
 TINY_CONFIG: dict[str, Any] = {
     "architectures": ["MllamaForConditionalGeneration"],
@@ -93,20 +68,6 @@ QAT_CONFIG["vision_config"].update({"num_hidden_layers": 1, "intermediate_layers
 # bump when the recipe (not the config) changes, so cached checkpoints are rebuilt
 _RECIPE_VERSION = 2
 
-_CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "What does the image show? The image shows a red square on a blue background.",
-    "Describe this picture in one sentence, please.",
-    "A cat sits on the mat; a dog sleeps in the sun.",
-    "user assistant system image picture photo color shape left right top bottom",
-    "0123456789 + - * / = ( ) [ ] { } , . ; : ! ?",
-] * 4 + [
-    # deterministic pseudo-words, enough distinct pairs for the merges
-    " ".join("".join(chr(97 + (i * 7 + j * 13 + k * 3) % 26) for k in range(2 + (i + j) % 5)) for j in range(40))
-    for i in range(40)
-]
-
-
 def cache_root() -> Path:
     env = os.environ.get("S3D8_CACHE")
     root = Path(env) if env else REPO_ROOT / ".cache"
@@ -118,54 +79,6 @@ def cache_root() -> Path:
 def config_hash(cfg: dict[str, Any], seed: int) -> str:
     blob = json.dumps({"cfg": cfg, "seed": seed, "v": _RECIPE_VERSION}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
-
-
-def build_tokenizer():
-    """A deterministic byte-level BPE tokenizer with Llama-3 style special tokens and ``<|image|>``."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    # the Llama 3 split regex followed by the byte-level mapping (what llama.cpp's "llama-bpe" does)
-    llama3_regex = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                    r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(llama3_regex), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=N_BPE, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=[], show_progress=False)
-    tok.train_from_iterator(_CORPUS, trainer)
-    if tok.get_vocab_size() != N_BPE:
-        raise RuntimeError(f"toy BPE has {tok.get_vocab_size()} tokens, expected {N_BPE}")
-    tok.add_special_tokens(SPECIAL_TOKENS + ["<|image|>"])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
-                                   eos_token="<|eot_id|>", pad_token="<|finetune_right_pad_id|>")
-    fast.chat_template = CHAT_TEMPLATE
-    assert fast.convert_tokens_to_ids("<|image|>") == IMAGE_TOKEN_ID
-    assert fast.convert_tokens_to_ids("<|begin_of_text|>") == BOS_ID
-    return fast
-
-
-def byte_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map of byte-level BPE vocabularies (the 256 byte tokens)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-def token_bytes(tok, ids: list[int]) -> bytes:
-    """The bytes that tokens of a byte-level BPE tokenizer (this module's toy one) stand for, through GPT-2's
-    byte <-> printable character map; the answer of a random model need not be valid UTF-8, so tests compare bytes."""
-    byte_of = {c: b for b, c in byte_to_unicode().items()}
-    return b"".join(bytes(byte_of[c] for c in piece) for piece in tok.convert_ids_to_tokens(ids))
 
 
 def image_processor():

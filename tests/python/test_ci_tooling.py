@@ -14,7 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "ci"))
 
 import check_upstream  # noqa: E402
+import lint  # noqa: E402
 import patches  # noqa: E402
+import summarize  # noqa: E402
 import upstream  # noqa: E402
 
 IDENT = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.invalid",
@@ -88,7 +90,8 @@ def test_series_round_trips_byte_identically(tmp_path: Path, pinned_tree: Path) 
     commit_change(tree, "ggml : add a test type\n\nBody explaining why.", edit_header)
     commit_change(tree, "docs : new files", add_files)
     exported = patches.export(tree, series)
-    assert [p.name for p in exported] == ["0001-ggml-add-a-test-type.patch", "0002-docs-new-files.patch"]
+    assert [p.name for p in exported] == ["ggml-add-a-test-type.patch", "docs-new-files.patch"]
+    assert (series / "series").read_text() == "ggml-add-a-test-type.patch\ndocs-new-files.patch\n"
     first = exported[0].read_text()
     assert first.startswith("From 0000000000000000000000000000000000000000 ")  # no commit hashes
     assert "Body explaining why." in first
@@ -110,12 +113,84 @@ def test_patch_that_no_longer_applies_fails_clearly(tmp_path: Path, pinned_tree:
                   lambda t: (t / "ggml/include/ggml.h").write_text((t / "ggml/include/ggml.h").read_text() + "// x\n"))
     [p] = patches.export(tree, series)
     p.write_text(p.read_text().replace(" #ifdef  __cplusplus\n", " #ifdef  __cplusplus_changed_upstream\n"))
-    with pytest.raises(patches.PatchError, match=r"0001-ggml-touch-the-header.patch does not apply cleanly") as e:
+    with pytest.raises(patches.PatchError, match=r"patch ggml-touch-the-header.patch does not apply cleanly") as e:
         patches.apply(tmp_path / "tree3", series)
     assert "ggml/include/ggml.h" in str(e.value)
     # `git am -3` leaves the session open so that the conflict can be resolved in place, and says how
     assert "git am --continue" in str(e.value) and "ci/patches.py export" in str(e.value)
     assert (tmp_path / "tree3" / ".git" / "rebase-apply").is_dir()
+
+
+def test_conflict_is_resolved_in_place_and_am_continue_applies_the_rest(tmp_path: Path, pinned_tree: Path) -> None:
+    """Three patches, the middle one no longer applies: apply stops at it (naming it), the first is committed, the
+    tree is left in `git am`'s state; resolving it and `git am --continue` applies the
+    third too, and export then writes the resolved series."""
+    series = tmp_path / "series"
+    tree = patches.apply(tmp_path / "tree", series)
+
+    def append(path: str, text: str):
+        return lambda t: (t / path).write_text((t / path).read_text() + text)
+    commit_change(tree, "docs : first", append("README.md", "\nfirst\n"))
+    commit_change(tree, "ggml : second", append("ggml/include/ggml.h", "// second\n"))
+    commit_change(tree, "docs : third", append("README.md", "third\n"))
+    first, second, third = patches.export(tree, series)
+    # upstream "moved" the header's last line: the second patch's context no longer matches
+    second.write_text(second.read_text().replace(" #endif\n+// second", " #endif // moved\n+// second"))
+    stuck = tmp_path / "stuck"
+    with pytest.raises(patches.PatchError, match=r"patch ggml-second.patch does not apply cleanly") as e:
+        patches.apply(stuck, series)
+    assert "git am --continue" in str(e.value)
+    assert (stuck / ".git" / "rebase-apply").is_dir()
+    log = patches.git(stuck, "log", "--format=%s", f"{patches.BASE_TAG}..HEAD").stdout.split("\n")
+    assert log[0] == "docs : first"
+    # resolve: take the patch's intent by hand, then continue
+    h = stuck / "ggml/include/ggml.h"
+    h.write_text(h.read_text() + "// second\n")
+    patches.git(stuck, "add", "ggml/include/ggml.h")
+    patches.git(stuck, "am", "--continue", env=IDENT)
+    subjects = patches.git(stuck, "log", "--reverse", "--format=%s", f"{patches.BASE_TAG}..HEAD").stdout.split()
+    assert " ".join(subjects) == "docs : first ggml : second docs : third"
+    assert (stuck / "README.md").read_text().endswith("\nfirst\nthird\n")
+
+
+def test_adding_a_patch_renames_no_other_file(tmp_path: Path, pinned_tree: Path) -> None:
+    """Unnumbered names plus the series file: a patch inserted in the middle adds one file and one series line;
+    every other patch file keeps its name and bytes."""
+    series = tmp_path / "series"
+    tree = patches.apply(tmp_path / "tree", series)
+
+    def append(path: str, text: str):
+        return lambda t: (t / path).write_text((t / path).read_text() + text)
+    commit_change(tree, "docs : first", append("README.md", "\nfirst\n"))
+    commit_change(tree, "docs : last", append("README.md", "last\n"))
+    before = {p.name: p.read_bytes() for p in patches.export(tree, series)}
+    # insert a commit between the two (rebase onto a new middle commit)
+    patches.git(tree, "checkout", "-q", "-b", "mid", "HEAD~1")
+    commit_change(tree, "ggml : middle", append("ggml/include/ggml.h", "// middle\n"))
+    patches.git(tree, "cherry-pick", "main", env=IDENT)
+    after = {p.name: p.read_bytes() for p in patches.export(tree, series)}
+    assert (series / "series").read_text() == "docs-first.patch\nggml-middle.patch\ndocs-last.patch\n"
+    assert set(after) - set(before) == {"ggml-middle.patch"}
+    assert all(after[name] == data for name, data in before.items())
+    patches.check(series)
+
+
+def test_series_file_and_folder_must_agree(tmp_path: Path) -> None:
+    d = tmp_path / "series"
+    d.mkdir()
+    (d / "a.patch").write_text("x")
+    with pytest.raises(patches.PatchError, match="no series file"):
+        patches.series(d)
+    (d / "series").write_text("a.patch\nb.patch\n")
+    with pytest.raises(patches.PatchError, match="listed but missing: b.patch"):
+        patches.series(d)
+    (d / "series").write_text("")
+    with pytest.raises(patches.PatchError, match="not listed: a.patch"):
+        patches.series(d)
+    (d / "series").write_text("# comment\na.patch\n")
+    assert patches.series(d) == [d / "a.patch"]
+    assert patches.unnumbered_names(["0001-x.patch", "0002-y.patch", "0003-x.patch"]) == ["x.patch", "y.patch",
+                                                                                          "x-2.patch"]
 
 
 def test_apply_refuses_to_destroy_uncommitted_work(tmp_path: Path, pinned_tree: Path) -> None:
@@ -240,3 +315,29 @@ if [ "$1" = "--preset" ]; then mkdir -p build/$2 && : > build/$2/CMakeCache.txt;
         assert build() == ["--build"]
     finally:
         shutil.rmtree(REPO / "build" / preset, ignore_errors=True)
+
+
+def test_lint_step_counts_each_tool_and_fails_on_a_finding(tmp_path: Path, monkeypatch, capsys) -> None:
+    """ci/lint.py writes one JUnit case per tool; a tool that reports (non-zero exit) fails its case with its
+    output, and ci/summarize.py counts that as a failure."""
+    finding = [sys.executable, "-c", "print('x.py:1:1: F821 Undefined name `y`'); raise SystemExit(1)"]
+    monkeypatch.setattr(lint, "CHECKS", {"clean": [sys.executable, "-c", "pass"], "finds": finding})
+    assert lint.main(["--junitxml", str(tmp_path / "lint.xml")]) == 1
+    xml = (tmp_path / "lint.xml").read_text()
+    assert 'name="clean"' in xml and "F821 Undefined name" in xml
+    assert summarize.main(tmp_path) == 1
+    assert capsys.readouterr().out.strip().endswith("1 passed, 1 failed")
+
+
+def test_qat_and_convert_import_graph_has_no_cycle() -> None:
+    """tools/import_graph.py: every import (lazy ones too) of qat/ and convert/; a two-module cycle is found, and
+    the real graph has none; reading a QAT checkpoint no longer pulls in the training loop."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import import_graph
+
+    assert import_graph.cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
+    graph = import_graph.edges()
+    assert ("convert.qat_checkpoint", "qat.checkpoint") in graph
+    assert import_graph.cycles(graph) == []
+    assert "qat.train" not in import_graph.reachable(graph, "convert.qat_checkpoint")
+    assert not any(b.startswith("tests.") for a, b in graph if a.startswith("qat."))

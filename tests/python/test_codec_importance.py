@@ -13,6 +13,7 @@ import os
 import struct
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -84,15 +85,22 @@ def llama_quantize(smollm2: dict[str, Path], out: Path, imatrix: Path | None, th
     return {n: ts[n] for n in names}
 
 
+
+def _importance(im: Any, name: str, k: int) -> np.ndarray:
+    """The one importance row of a 2-D tensor that the file has an entry for."""
+    rows = im.for_tensor(name, k)
+    assert rows is not None, f"no imatrix entry for {name}"
+    return rows[0]
+
 def test_imatrix_reader_matches_llama_quantize_arithmetic(smollm2: dict[str, Path]) -> None:
     a, b = read_imatrix(smollm2["imatrix"]), read_imatrix(smollm2["imatrix_dat"])
     assert not a.legacy and b.legacy and a.chunk_count == b.chunk_count == 8
     name = "blk.3.ffn_down.weight"
     raw = {t.name: np.asarray(t.data, dtype=np.float32) for t in gguf.GGUFReader(smollm2["imatrix"]).tensors}
     want = raw[name + ".in_sum2"] / raw[name + ".counts"][0]        # fp32 division, as llama-quantize
-    np.testing.assert_array_equal(a.for_tensor(name, 1536)[0], want)
+    np.testing.assert_array_equal(_importance(a, name, 1536), want)
     # the legacy file stores mean x ncall in fp32: equal to the GGUF values up to that rounding
-    np.testing.assert_allclose(b.for_tensor(name, 1536)[0], want, rtol=2e-6)
+    np.testing.assert_allclose(_importance(b, name, 1536), want, rtol=2e-6)
     assert set(a.entries) == set(b.entries) and a.for_tensor("no.such.weight", 1536) is None
 
 
@@ -104,7 +112,7 @@ def test_c_and_numpy_give_the_same_bytes(smollm2: dict[str, Path], source: str |
     im = read_imatrix(imatrix) if imatrix else None
     for name, c_bytes in got.items():
         w = f16_matrix(smollm2["f16"], name)
-        imp = im.for_tensor(name, w.shape[1])[0] if im else None
+        imp = _importance(im, name, w.shape[1]) if im else None
         py = quantize_s3d8_importance(w, imp, name=name)
         diff = np.flatnonzero(py.reshape(-1) != c_bytes.reshape(-1))
         assert diff.size == 0, f"{name}: {diff.size} bytes differ, first at {diff[:4]}"
@@ -134,7 +142,7 @@ def test_iw1_lowers_the_importance_weighted_error(smollm2: dict[str, Path]) -> N
     (The model-level effect is much larger: KLD 1.04 -> 0.53 on SmolLM2, docs/quality.md.)"""
     name = "blk.13.ffn_down.weight"
     w = f16_matrix(smollm2["f16"], name)
-    u = read_imatrix(smollm2["imatrix"]).for_tensor(name, w.shape[1])[0].astype(np.float64)
+    u = _importance(read_imatrix(smollm2["imatrix"]), name, w.shape[1]).astype(np.float64)
     ref = quantize_s3d8(w, name=name)
     e_ref = _weighted_error(w, ref, u)
     e_iw = _weighted_error(w, quantize_s3d8_importance(w, u.astype(np.float32), name=name), u)
@@ -172,7 +180,7 @@ def test_bad_imatrix_files(tmp_path: Path) -> None:
     p = tmp_path / "m.dat"
     _write_dat(p, "blk.0.ffn_down.weight", np.ones(1536, np.float32))
     im = read_imatrix(p)
-    np.testing.assert_array_equal(im.for_tensor("blk.0.ffn_down.weight", 1536)[0], np.ones(1536, np.float32))
+    np.testing.assert_array_equal(_importance(im, "blk.0.ffn_down.weight", 1536), np.ones(1536, np.float32))
     with pytest.raises(ImatrixError, match=r"blk\.0\.ffn_down\.weight.*1536 values.*1024"):
         im.for_tensor("blk.0.ffn_down.weight", 1024)
     for bad, why in ((np.float32(-1), "negative"), (np.float32(np.inf), "non-finite")):

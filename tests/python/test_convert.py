@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -55,7 +56,7 @@ def _hf_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _tensors(path: Path) -> dict[str, object]:
+def _tensors(path: Path) -> dict[str, Any]:
     return {t.name: t for t in gguf.GGUFReader(path).tensors}
 
 

@@ -10,6 +10,7 @@ pieces in the sweep, with qat.s3d8_torch in the student) while down_proj (k = 25
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from tests.mllama.tiny_model import build_tokenizer
 
     d = tmp_path_factory.mktemp("format_qat")
-    dims = dict(hidden=192, layers=1, heads=2, kv_heads=1, ffn=256, vocab=tiny.VOCAB, tied=True)
+    dims: dict[str, Any] = dict(hidden=192, layers=1, heads=2, kv_heads=1, ffn=256, vocab=tiny.VOCAB, tied=True)
     t = llama_tensors(**dims, seed=0, head_dim=96, std=0.03)
     build_tokenizer().save_pretrained(d / "tokenizer")
     teacher = write_tiny_llama(d / "teacher", d / "tokenizer", **dims, tensors=t, config_overrides={"head_dim": 96})

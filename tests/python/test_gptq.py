@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from qat.formats import IntFormat, LloydMaxFormat, S3D8Format, StudentTFormat, direct_cast
-from qat.gptq import (GPTQConfig, HessianCollector, collect_hessians, group_aware_order, gptq_quantise, inverse_hessian_factor,
+from qat.formats import IntFormat, LloydMaxFormat, S3D8Format, StudentTFormat, WeightFormat, direct_cast
+from qat.gptq import (HessianCollector, collect_hessians, group_aware_order, gptq_quantise, inverse_hessian_factor,
                       linear_modules, quantise_model)
 
-FORMATS = {
+FORMATS: dict[str, WeightFormat] = {
     "int6_g32": IntFormat(6, 32),
     "int4_g128_affine": IntFormat(4, 128, affine=True),
     "int8_g64_affine": IntFormat(8, 64, affine=True),

@@ -255,10 +255,10 @@ def test_qat_from_the_gptq_start(tiny_run) -> None:
     for m in student.modules():
         if isinstance(m, (QuantLinear, QuantEmbedding)) and m.spec.gguf_name in g.containers:
             v = fake_quant_weight(m.weight, m.spec).detach()
-            v_gguf = (v if m.spec.perm is None else v[m.spec.perm]).numpy()
+            v_np = (v if m.spec.perm is None else v[m.spec.perm]).numpy()
             name = m.spec.gguf_name
-            assert np.array_equal(_bits(gguf_s3d8.dequantize_s3d8(got[name][1])), _bits(v_gguf)), name
-            moved += int((v_gguf != gguf_s3d8.dequantize_s3d8(g.containers[name])).sum())
+            assert np.array_equal(_bits(gguf_s3d8.dequantize_s3d8(got[name][1])), _bits(v_np)), name
+            moved += int((v_np != gguf_s3d8.dequantize_s3d8(g.containers[name])).sum())
     assert moved > 0  # training changed some stored values (lr 3e-3: the masters start at cell centres)
 
 

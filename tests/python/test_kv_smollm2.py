@@ -173,6 +173,8 @@ def test_llama_quantize_takes_the_hqq_weight_types(base: dict[str, Path], tmp_pa
         p = run([tool("llama-perplexity"), "-m", str(m), "-f", str(base["text"]), "-c", CTX, "--chunks", "1",
                  "-t", THREADS])
         assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-        ppl.append(float(re.search(r"Final estimate: PPL = ([0-9.]+)", p.stdout + p.stderr).group(1)))
+        found = re.search(r"Final estimate: PPL = ([0-9.]+)", p.stdout + p.stderr)
+        assert found, (p.stdout + p.stderr)[-3000:]
+        ppl.append(float(found.group(1)))
     # measured on 2 chunks: 9.95 (the Q4_1 original) -> 10.34
     assert ppl[1] < 1.1 * ppl[0], ppl

@@ -47,6 +47,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -129,7 +130,9 @@ def tool(variant: str | None, name: str) -> list[str]:
     if variant is None:
         return [str(harness.binary(name))]
     binary = cross_binary(variant, name)
-    return [shutil.which("qemu-aarch64"), "-cpu", "max", str(binary)]
+    qemu = shutil.which("qemu-aarch64")
+    assert qemu is not None, "qemu-aarch64 is not installed (ci/setup.sh installs it)"
+    return [qemu, "-cpu", "max", str(binary)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -173,7 +176,7 @@ def tiny_llama(tmp_path_factory) -> TinyLlama:
     chain = [ids[-1]] + tok.encode(ANSWER, add_special_tokens=False) + [T.EOT_ID]
     assert len(set(chain)) == len(chain), f"the answer's tokens must be distinct: {chain}"
 
-    dims = dict(hidden=1152, layers=2, heads=9, kv_heads=3, ffn=1280, vocab=512)
+    dims: dict[str, Any] = dict(hidden=1152, layers=2, heads=9, kv_heads=3, ffn=1280, vocab=512)
     tensors = llama_tensors(**dims, tied=False, seed=0, std=0.02)
     emb = (np.random.default_rng(1).standard_normal((512, 1152)) * 0.1).astype(np.float32)
     tensors["model.embed_tokens.weight"] = emb

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from qat import prompts as P
-from qat.data import Sample, SampleWriter, append_sample, read_samples, recover
+from qat.data import FinishReason, Sample, SampleWriter, append_sample, read_samples, recover
 from qat.generate import (EndpointTeacher, GenConfig, GenerateError, PromptRenderer, TransformersTeacher,
                           list_images, main, make_job, run)
 
@@ -74,7 +74,7 @@ def test_sampler_probabilities_match_the_recipe(draws: list[P.SampledPrompt]) ->
     inst = [d for d in draws if d.instruction is not None]
     _check_rate(len(inst), n, P.P_INSTRUCTION, "instruction block")
     _check_rate(sum(d.wrapped for d in inst), len(inst), P.P_WRAP, "wrapper given an instruction block")
-    blocks = [d.instruction.split("\n") for d in inst]
+    blocks = [(d.instruction or "").split("\n") for d in inst]
     length_sets = {b: set(v) for b, v in P.LENGTH_INSTRUCTIONS.items()}
     has_len = [d for d, lines in zip(inst, blocks) if any(l in s for s in length_sets.values() for l in lines)]
     _check_rate(len(has_len), len(inst), P.P_LENGTH, "length instruction")
@@ -188,7 +188,7 @@ class FakeTeacher:
         self.calls: list[int] = []
         self.fail_after = fail_after
 
-    def generate(self, job, cfg: GenConfig) -> tuple[str, str]:
+    def generate(self, job, cfg: GenConfig) -> tuple[str, FinishReason]:
         if self.fail_after is not None and len(self.calls) >= self.fail_after:
             raise RuntimeError("teacher died")
         self.calls.append(job.id)
@@ -213,7 +213,7 @@ def test_run_resumes_after_an_interruption(tmp_path: Path) -> None:
     assert part.read_bytes() == ref.read_bytes()
     samples = read_samples(ref)
     assert [s.image for s in samples[:len(images) + 1]] == [str(p) for p in images] + [str(images[0])]
-    assert all(os.path.isabs(s.image) for s in samples)
+    assert all(s.image is not None and os.path.isabs(s.image) for s in samples)
     for s in samples:
         sp = P.sample_prompt(P.DEFAULT_SEED, s.id)
         assert (s.prompt, s.template, s.seed) == (sp.prompt, sp.template, P.DEFAULT_SEED)
@@ -309,6 +309,7 @@ def test_endpoint_backend_request_shape(tmp_path: Path, fake_server: str) -> Non
         gseed = P.generation_seed(P.DEFAULT_SEED, s.id)
         path, body = by_seed[gseed]
         assert (body["temperature"], body["top_p"], body["max_tokens"], body["model"]) == (0.6, 0.9, 512, "fake-model")
+        assert s.image is not None
         image_bytes = Path(s.image).read_bytes()
         assert Path(s.image) == images[s.id % 2]
         if s.template == "chat":
@@ -338,7 +339,7 @@ def test_endpoint_backend_request_shape(tmp_path: Path, fake_server: str) -> Non
         assert s.image is None and s.prompt_text == "<|begin_of_text|>" + P.CHAT_TEMPLATE_TEXT.format(prompt=s.prompt)
 
 
-def _cli(args: list[str], **kw) -> subprocess.Popen:
+def _cli(args: list[str], **kw) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "qat.generate", *args, "--no-progress"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
@@ -348,7 +349,7 @@ def test_cli_resumes_after_sigkill(tmp_path: Path, fake_server: str) -> None:
     args = ["--endpoint", fake_server, "--text-only", "-n", "60"]
     ref = tmp_path / "ref.jsonl"
     p = _cli(args + ["--out", str(ref)])
-    assert p.wait(60) == 0, p.stderr.read()
+    assert p.wait(60) == 0, p.communicate()[1]
     out = tmp_path / "killed.jsonl"
     p = _cli(args + ["--out", str(out)])
     deadline = time.time() + 60
@@ -361,7 +362,7 @@ def test_cli_resumes_after_sigkill(tmp_path: Path, fake_server: str) -> None:
     with open(out, "ab") as fh:
         fh.write(b'{"id": 12, "seed": 693785, "ima')  # as if killed mid-line
     p = _cli(args + ["--out", str(out)])
-    assert p.wait(60) == 0, p.stderr.read()
+    assert p.wait(60) == 0, p.communicate()[1]
     assert out.read_bytes() == ref.read_bytes()
     assert len(read_samples(out)) == 60
 

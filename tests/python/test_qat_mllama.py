@@ -143,7 +143,7 @@ def test_llama_cpp_logits_match_student(pipeline, tmp_path) -> None:
 def test_llama_mtmd_cli_answers_about_a_photo(pipeline) -> None:
     """The user's command on the exported pair answers, with two threads, the same complete bytes every time.
 
-    The CLI prints through llama.cpp's asynchronous logger; before patch 0012 the end of the answer was lost now
+    The CLI prints through llama.cpp's asynchronous logger; before patch mtmd-flush-the-log-before-llama-mtmd-cli-exits the end of the answer was lost now
     and then at exit (about one run in ten here), which looked like a nondeterministic answer. Every run must end
     with the CLI's closing blank line: exact for the fixed binary; twenty runs (~0.2 s each) catch the old one with
     probability ~1 - 0.9^20 = 0.88."""

@@ -69,9 +69,10 @@ def test_scales_and_nearest_centroid_ties() -> None:
     # integer and half-integer points around a codebook with duplicate centroids: exact ties everywhere
     cb = rng.integers(0, 128, (32, 3)).astype(np.uint8)
     cb[7] = cb[3]
-    a = [(rng.integers(0, 256, 50_000) / 2).astype(np.float32) for _ in range(3)]
-    want = np_nearest(*a, cb)
-    got = s3d8_torch.nearest_centroid(*(torch.from_numpy(v) for v in a), torch.from_numpy(cb))
+    a0, a1, a2 = ((rng.integers(0, 256, 50_000) / 2).astype(np.float32) for _ in range(3))
+    want = np_nearest(a0, a1, a2, cb)
+    got = s3d8_torch.nearest_centroid(torch.from_numpy(a0), torch.from_numpy(a1), torch.from_numpy(a2),
+                                      torch.from_numpy(cb))
     assert np.array_equal(got.numpy(), want.astype(np.int64))
     assert not (got.numpy() == 7).any()  # the duplicate never wins a tie
 
