@@ -216,6 +216,26 @@ def test_cross_store_rotation_off(gguf_f32, cross_store_ref, tmp_path, cross_typ
     assert err <= CROSS_STORE_BOUNDS_ROT_OFF[cross_type], f"cross store {cross_type}, no rotation: rel err {err:.3g}"
 
 
+# a quantised K without flash attention (V f32): K.Q by ggml_mul_mat on the quantised rows instead of flash attention's
+# vec_dot (measured: the same error as with flash attention on, 0.0396 / 0.0212 / 0.0259)
+CROSS_STORE_K_ONLY_BOUNDS = {    # measured rel err, flash attention off
+    "q4_hqq": 3.5e-2,            # 0.0212
+    "q4_hqq_128": 4e-2,          # 0.0259
+    "tq3_0": 6e-2,               # 0.0395
+}
+
+
+@pytest.mark.parametrize("k_type", list(CROSS_STORE_K_ONLY_BOUNDS))
+def test_cross_store_quantised_k_without_flash_attention(gguf_f32, cross_store_ref, tmp_path, k_type):
+    path, ref = cross_store_ref
+    text, mmproj = gguf_f32
+    out = harness.run_dump(text, PROMPT_IMAGE, tmp_path, mmproj=mmproj, images=[path], cache_type="f32",
+                           flash_attn="off", extra=["-ctkx", k_type, "-ctvx", "f32"])
+    assert f"K ({k_type}), V (f32), attn_rot_k = 1 (128), attn_rot_v = 0 (0)" in out.log, out.log[-3000:]
+    err = logits_err(out, ref)
+    assert err <= CROSS_STORE_K_ONLY_BOUNDS[k_type], f"cross store K {k_type}, no flash attention: rel err {err:.3g}"
+
+
 def test_cross_store_bounds_discriminate(gguf_f32, cross_store_ref, tmp_path):
     """Negative control: the logits with the states of another image (an f32 store) are far outside every bound."""
     _, ref = cross_store_ref
