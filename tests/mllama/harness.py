@@ -72,12 +72,15 @@ class Dump:
     step_logits: np.ndarray
     tokens: list[int]
     cross: list[np.ndarray]
+    log: str  # stderr of the run (llama.cpp's log)
 
 
 def run_dump(text: Path, tokens: Sequence[int], out_dir: Path, *, mmproj: Path | None = None,
              images: Sequence[Path] = (), cross: Sequence[tuple[Path, int]] = (), n_steps: int = 0,
-             cache_type: str = "f32", flash_attn: str = "off", extra: Sequence[str] = (),
-             timeout: float = 120) -> Dump:
+             cache_type: str = "f32", cross_type: str | None = None, flash_attn: str = "off",
+             extra: Sequence[str] = (), env: dict[str, str] | None = None, timeout: float = 120) -> Dump:
+    """Run llama-mllama-dump; cache_type is the self-attention K/V type, cross_type the cross-attention store's
+    (default: the same), env adds environment variables (e.g. LLAMA_ATTN_ROT_DISABLE)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = [str(binary("llama-mllama-dump")), "-m", str(text), "--tokens", ",".join(str(t) for t in tokens),
            "--n-steps", str(n_steps), "-ctk", cache_type, "-ctv", cache_type, "-fa", flash_attn, "-t", "2",
@@ -88,11 +91,13 @@ def run_dump(text: Path, tokens: Sequence[int], out_dir: Path, *, mmproj: Path |
         cmd += ["--image", str(img)]
     for path, n_valid in cross:
         cmd += ["--cross", str(path), "--n-valid", str(n_valid)]
+    if cross_type is not None:
+        cmd += ["-ctkx", cross_type, "-ctvx", cross_type]
     cmd += list(extra)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     if p.returncode != 0:
         raise AssertionError(f"llama-mllama-dump failed ({p.returncode}):\n{' '.join(cmd)}\n{p.stderr[-4000:]}")
     n_cross = len(images) + len(cross)
     return Dump(np.load(out_dir / "prompt_logits.npy"), np.load(out_dir / "step_logits.npy"),
                 [int(t) for t in np.load(out_dir / "tokens.npy")],
-                [np.load(out_dir / f"cross_{i}.npy") for i in range(n_cross)])
+                [np.load(out_dir / f"cross_{i}.npy") for i in range(n_cross)], p.stderr)

@@ -150,6 +150,102 @@ def test_cache_types(hf_model, gguf_f32, tmp_path, cache_type, tol):
     assert err <= tol, f"{cache_type} cache: prompt logits rel err {err:.3g}"
 
 
+# The cross-attention store in its own types (-ctkx/-ctvx; docs/kv-cache.md, "The cross-attention store of mllama"):
+# the self-attention cache is f32 (flash attention, on because a quantised V needs it, reads it in f16: the f16 row),
+# so the store's rounding is what the types add. Bound: max relative error of the prompt logits (all 15 positions,
+# before and after the image) against transformers, measured values in the comments (x86 AVX512). The quantised bytes
+# are the reference quantisers' on every build; only the last bits of the f32 K/V fed to them differ between CPUs, so
+# 1.5-2x head-room is ample, and every bound is at least 2x below the error of attending another image (0.243,
+# test_cross_store_bounds_discriminate): a store that reads the wrong rows or garbage cannot pass.
+CROSS_STORE_BOUNDS = {           # measured rel err
+    "f16": 2e-3,                 # 0.00093 (the f32 store gives the same: flash attention reads K/V in f16)
+    "q8_0": 5e-3,                # 0.0026
+    "q4_hqq": 5e-2,              # 0.0323  (q4_0: 0.0363)
+    "q4_hqq_128": 5e-2,          # 0.0325
+    "tq3_0": 9e-2,               # 0.0578
+}
+# without the rotation (LLAMA_ATTN_ROT_DISABLE=1); the random model has no outlier channels for the rotation to
+# spread, so here it neither helps nor hurts much (q4_hqq is even a little better without it)
+CROSS_STORE_BOUNDS_ROT_OFF = {   # measured rel err
+    "q4_hqq": 5e-2,              # 0.0279
+    "q4_hqq_128": 6e-2,          # 0.0386
+    "tq3_0": 1e-1,               # 0.0669
+}
+CROSS_STORE_IMAGE = (28, 84, 5)  # h, w, seed
+
+
+@pytest.fixture(scope="module")
+def cross_store_ref(hf_model, tmp_path_factory) -> tuple[Path, R.Reference]:
+    path, img = make_image(tmp_path_factory.mktemp("img"), *CROSS_STORE_IMAGE)
+    return path, R.run(hf_model, PROMPT_IMAGE, [img], n_steps=0)
+
+
+def logits_err(out: harness.Dump, ref: R.Reference) -> float:
+    """Prompt logits only (teacher-forced): a decode step's logits follow the token chosen before it, which a near
+    tie can flip (the random model has them at these error levels), and would then compare different prompts."""
+    n_vocab = ref.prompt_logits.shape[1]
+    return R.rel_err(out.prompt_logits[:, :n_vocab], ref.prompt_logits)
+
+
+def run_cross_store(gguf_f32, path: Path, tmp_path: Path, cross_type: str,
+                    env: dict[str, str] | None = None) -> harness.Dump:
+    text, mmproj = gguf_f32
+    return harness.run_dump(text, PROMPT_IMAGE, tmp_path, mmproj=mmproj, images=[path], n_steps=0,
+                            cache_type="f32", cross_type=cross_type, flash_attn="on", env=env)
+
+
+@pytest.mark.parametrize("cross_type", list(CROSS_STORE_BOUNDS))
+def test_cross_store_types(gguf_f32, cross_store_ref, tmp_path, cross_type):
+    path, ref = cross_store_ref
+    out = run_cross_store(gguf_f32, path, tmp_path, cross_type)
+    rot = cross_type not in ("f16", "f32")   # the pinned tree's rule: quantised types are rotated (heads of 128)
+    assert (f"cross-attention store: K ({cross_type}), V ({cross_type}), attn_rot_k = {int(rot)} ({128 if rot else 0}), "
+            f"attn_rot_v = {int(rot)} ({64 if rot else 0})") in out.log, out.log[-3000:]
+    # the self-attention cache keeps its own type
+    assert "K (f32):" in out.log and f"K ({cross_type}): " in out.log, out.log[-3000:]
+    err = logits_err(out, ref)
+    assert err <= CROSS_STORE_BOUNDS[cross_type], f"cross store {cross_type}: logits rel err {err:.3g}"
+
+
+@pytest.mark.parametrize("cross_type", list(CROSS_STORE_BOUNDS_ROT_OFF))
+def test_cross_store_rotation_off(gguf_f32, cross_store_ref, tmp_path, cross_type):
+    path, ref = cross_store_ref
+    out = run_cross_store(gguf_f32, path, tmp_path, cross_type, env={"LLAMA_ATTN_ROT_DISABLE": "1"})
+    assert "attn_rot_k = 0 (0), attn_rot_v = 0 (0)" in out.log, out.log[-3000:]
+    err = logits_err(out, ref)
+    assert err <= CROSS_STORE_BOUNDS_ROT_OFF[cross_type], f"cross store {cross_type}, no rotation: rel err {err:.3g}"
+
+
+# a quantised K without flash attention (V f32): K.Q by ggml_mul_mat on the quantised rows instead of flash attention's
+# vec_dot (measured: the same error as with flash attention on, 0.0396 / 0.0212 / 0.0259)
+CROSS_STORE_K_ONLY_BOUNDS = {    # measured rel err, flash attention off
+    "q4_hqq": 3.5e-2,            # 0.0212
+    "q4_hqq_128": 4e-2,          # 0.0259
+    "tq3_0": 6e-2,               # 0.0395
+}
+
+
+@pytest.mark.parametrize("k_type", list(CROSS_STORE_K_ONLY_BOUNDS))
+def test_cross_store_quantised_k_without_flash_attention(gguf_f32, cross_store_ref, tmp_path, k_type):
+    path, ref = cross_store_ref
+    text, mmproj = gguf_f32
+    out = harness.run_dump(text, PROMPT_IMAGE, tmp_path, mmproj=mmproj, images=[path], cache_type="f32",
+                           flash_attn="off", extra=["-ctkx", k_type, "-ctvx", "f32"])
+    assert f"K ({k_type}), V (f32), attn_rot_k = 1 (128), attn_rot_v = 0 (0)" in out.log, out.log[-3000:]
+    err = logits_err(out, ref)
+    assert err <= CROSS_STORE_K_ONLY_BOUNDS[k_type], f"cross store K {k_type}, no flash attention: rel err {err:.3g}"
+
+
+def test_cross_store_bounds_discriminate(gguf_f32, cross_store_ref, tmp_path):
+    """Negative control: the logits with the states of another image (an f32 store) are far outside every bound."""
+    _, ref = cross_store_ref
+    h, w, seed = CROSS_STORE_IMAGE
+    other, _ = make_image(tmp_path, h, w, seed=seed + 1)
+    err = logits_err(run_cross_store(gguf_f32, other, tmp_path / "other", "f32"), ref)
+    worst = max([*CROSS_STORE_BOUNDS.values(), *CROSS_STORE_BOUNDS_ROT_OFF.values()])
+    assert err >= 2 * worst, f"another image gives rel err {err:.3g}, the widest bound is {worst:.3g}"  # measured 0.243
+
+
 def test_mtmd_cli_answers_like_transformers(hf_model, model_dir, gguf_f32, tmp_path):
     """llama-mtmd-cli end to end (chat template, tokenizer, image marker): its greedy answer about an image is the
     one transformers generates for the same chat."""

@@ -17,6 +17,9 @@
 //
 // Every occurrence of the image token in --tokens stands for the next --image (in order). The cross-attention
 // states of all images are attached before the prompt is decoded, as the reference implementation sees them.
+// -ctkx/-ctvx set the types of the cross-attention store (default: -ctk/-ctv), as --cache-type-k-cross/-v-cross do in
+// the common tools.
+//
 // With --cross FILE.npy (f32 [n_rows, n_embd], one per image) the states are read from a file instead of being
 // computed by the vision encoder, which tests the text model on its own.
 
@@ -160,7 +163,8 @@ struct tensor_dumper {
 static void usage(const char * argv0) {
     fprintf(stderr,
         "usage: %s -m TEXT.gguf [--mmproj MMPROJ.gguf --image IMG ...] [--cross STATES.npy --n-valid N ...]\n"
-        "          --tokens ID,ID,... [--n-steps N] [-ctk TYPE] [-ctv TYPE] [-fa on|off|auto] [-t N] -o OUTDIR\n"
+        "          --tokens ID,ID,... [--n-steps N] [-ctk TYPE] [-ctv TYPE] [-ctkx TYPE] [-ctvx TYPE] [-fa on|off|auto]\n"
+        "          [-t N] -o OUTDIR\n"
         "          [--dump-tensors DIR [--dump-name NAME ...]] [--state-roundtrip]\n",
         argv0);
 }
@@ -194,6 +198,8 @@ int main(int argc, char ** argv) {
     int n_threads = 2;
     ggml_type type_k = GGML_TYPE_F16;
     ggml_type type_v = GGML_TYPE_F16;
+    ggml_type type_k_cross = GGML_TYPE_COUNT; // = type_k
+    ggml_type type_v_cross = GGML_TYPE_COUNT; // = type_v
     llama_flash_attn_type fa = LLAMA_FLASH_ATTN_TYPE_AUTO;
 
     try {
@@ -231,6 +237,10 @@ int main(int argc, char ** argv) {
                 type_k = parse_type(next());
             } else if (a == "-ctv") {
                 type_v = parse_type(next());
+            } else if (a == "-ctkx") {
+                type_k_cross = parse_type(next());
+            } else if (a == "-ctvx") {
+                type_v_cross = parse_type(next());
             } else if (a == "-fa") {
                 const std::string v = next();
                 fa = v == "on" ? LLAMA_FLASH_ATTN_TYPE_ENABLED : v == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_AUTO;
@@ -287,6 +297,8 @@ int main(int argc, char ** argv) {
     cparams.n_threads_batch = n_threads;
     cparams.type_k          = type_k;
     cparams.type_v          = type_v;
+    cparams.type_k_cross    = type_k_cross;
+    cparams.type_v_cross    = type_v_cross;
     cparams.flash_attn_type = fa;
     cparams.no_perf         = true;
 
