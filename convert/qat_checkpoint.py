@@ -12,7 +12,6 @@ another ``--type``) is refused.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any

@@ -26,7 +26,7 @@ import signal
 import traceback
 from typing import Any, Sequence
 
-from .common import ConversionOptions, ConversionReport, ModelSource, write_gguf
+from .common import ConversionOptions, ConversionReport, write_gguf
 from .errors import ConvertError
 from .gptq_checkpoint import add_calibration_options
 from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8_ENCODERS, S3D8Options
@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.mmproj is not None:
             from .mllama import vision_source
 
-            vision: ModelSource = vision_source(args.model)
+            vision: Any = vision_source(args.model)  # an UpstreamSource, or the checkpoint-replaced one
             if args.qat_checkpoint is not None:
                 from .qat_checkpoint import apply_qat_checkpoint
 

@@ -219,7 +219,8 @@ def s3d8_plan(model: nn.Module, model_dir: Path, *, fallback_type: str, vision_t
     """The weight specs of the converter's plan (qat.student), without fitting codebooks."""
     from qat.student import plan_weights
 
-    vision = vision_type if model.config.model_type == "mllama" else None
+    config: Any = model.config  # an HF config
+    vision = vision_type if config.model_type == "mllama" else None
     return plan_weights(model, model_dir, vision_type=vision, fallback_type=fallback_type, fit_codebooks=False)
 
 

@@ -93,7 +93,7 @@ def patch_model(model, model_dir: Path, ggufs: list[Path]) -> dict[str, str]:
         if ttype == "S3D8":
             w_int, alpha = decode_int8(data)
             inv_perm = None if placed.rows is None else np.argsort(placed.rows)  # self-attention q/k: RoPE rows
-            mod.forward = make_s3d8_forward(w_int, alpha, inv_perm, bias)
+            mod.forward = make_s3d8_forward(w_int, alpha, inv_perm, bias)  # type: ignore[method-assign]
             report[gname] = "s3d8 integer matmul"
         elif ttype == "F16":
             mod.forward = make_f16_forward(mod.weight.detach().half().float(), bias)  # type: ignore[method-assign]
