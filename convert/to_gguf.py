@@ -26,6 +26,8 @@ import signal
 import traceback
 from typing import Any, Sequence
 
+from gguf_s3d8.fsio import atomic_write
+
 from .common import ConversionOptions, ConversionReport, write_gguf
 from .errors import ConvertError
 from .gptq_checkpoint import add_calibration_options
@@ -168,8 +170,8 @@ def convert(model: Path, outfile: Path, options: ConversionOptions, *, tokenizer
 def _write_report_json(report: ConversionReport, path: Path) -> None:
     rows = [{"name": r.name, "shape": list(r.shape), "type": r.qtype, "nbytes": r.nbytes, "fallback_reason": r.reason}
             for r in report.rows]
-    path.write_text(json.dumps({"outfile": str(report.outfile), "requested": report.requested,
-                                "file_bytes": report.file_bytes, "tensors": rows}, indent=1) + "\n")
+    atomic_write(path, json.dumps({"outfile": str(report.outfile), "requested": report.requested,
+                                   "file_bytes": report.file_bytes, "tensors": rows}, indent=1) + "\n")
 
 
 class _Terminated(SystemExit):
