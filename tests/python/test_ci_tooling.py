@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,11 @@ IDENT = {"GIT_AUTHOR_NAME": "Test Author", "GIT_AUTHOR_EMAIL": "author@example.i
 @pytest.fixture(scope="module")
 def pinned_tree() -> Path:
     return upstream.fetch()
+
+
+def append(path: str, text: str) -> Callable[[Path], int]:
+    """An edit for commit_change: append ``text`` to ``path`` in the tree."""
+    return lambda t: (t / path).write_text((t / path).read_text() + text)
 
 
 def commit_change(tree: Path, message: str, edit) -> None:
@@ -128,8 +134,6 @@ def test_conflict_is_resolved_in_place_and_am_continue_applies_the_rest(tmp_path
     series = tmp_path / "series"
     tree = patches.apply(tmp_path / "tree", series)
 
-    def append(path: str, text: str):
-        return lambda t: (t / path).write_text((t / path).read_text() + text)
     commit_change(tree, "docs : first", append("README.md", "\nfirst\n"))
     commit_change(tree, "ggml : second", append("ggml/include/ggml.h", "// second\n"))
     commit_change(tree, "docs : third", append("README.md", "third\n"))
@@ -159,8 +163,6 @@ def test_adding_a_patch_renames_no_other_file(tmp_path: Path, pinned_tree: Path)
     series = tmp_path / "series"
     tree = patches.apply(tmp_path / "tree", series)
 
-    def append(path: str, text: str):
-        return lambda t: (t / path).write_text((t / path).read_text() + text)
     commit_change(tree, "docs : first", append("README.md", "\nfirst\n"))
     commit_change(tree, "docs : last", append("README.md", "last\n"))
     before = {p.name: p.read_bytes() for p in patches.export(tree, series)}
@@ -261,9 +263,6 @@ def test_check_upstream_reports_drift_and_failures_against_another_tree(tmp_path
     """A second upstream checkout where the code the patches touch moved or changed."""
     series = tmp_path / "series"
     tree = patches.apply(tmp_path / "tree", series)
-
-    def append(path: str, text: str):
-        return lambda t: (t / path).write_text((t / path).read_text() + text)
 
     def replace(old: str, new: str, path: str = "ggml/include/ggml.h"):
         return lambda t: (t / path).write_text((t / path).read_text().replace(old, new))
