@@ -31,6 +31,35 @@ def count(xml: Path) -> tuple[int, int, list[str]]:
     return passed, failed, bad
 
 
+def slowest(xmls: list[Path], n: int = 15) -> list[tuple[float, str]]:
+    """The ``n`` test cases that took longest, over all JUnit files (seconds, name)."""
+    times: list[tuple[float, str]] = []
+    for xml in xmls:
+        try:
+            root = ET.parse(xml).getroot()
+        except ET.ParseError:
+            continue
+        for case in root.iter("testcase"):
+            times.append((float(case.get("time") or 0.0), f"{xml.stem}: {case.get('classname', '')}::{case.get('name', '')}"))
+    return sorted(times, reverse=True)[:n]
+
+
+def print_timings(results: Path, xmls: list[Path]) -> None:
+    """Wall time of each step of ci/test.sh (timings.tsv) and the slowest test cases."""
+    steps = results / "timings.tsv"
+    if steps.exists():
+        rows = [line.split("\t") for line in steps.read_text().splitlines() if "\t" in line]
+        total = sum(int(sec) for _, sec in rows)
+        print(f"time per step (total {total} s):")
+        for name, sec in rows:
+            print(f"{name:>24}: {int(sec):6d} s")
+    cases = slowest(xmls)
+    if cases:
+        print("slowest test cases:")
+        for seconds, case_name in cases:
+            print(f"{seconds:8.1f} s  {case_name}")
+
+
 def main(results: Path) -> int:
     passed = failed = 0
     problems: list[str] = []
@@ -52,6 +81,7 @@ def main(results: Path) -> int:
         print(f"{xml.stem:>24}: {p} passed, {f} failed")
         passed, failed = passed + p, failed + f
         problems += bad
+    print_timings(results, xmls)
     for line in problems:
         print(line)
     print(f"{passed} passed, {failed} failed")

@@ -12,11 +12,21 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source ci/env.sh
 
+t_setup=$SECONDS
 bash ci/setup.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
 
 results=build/test-results
 rm -rf "$results" && mkdir -p "$results"
+printf 'setup\t%d\n' $((SECONDS - t_setup)) > "$results/timings.tsv"
 status=0
+# wall time of each step, printed by ci/summarize.py with the slowest test cases (where CI time goes)
+timed() {
+    local name=$1 t0=$SECONDS rc=0
+    shift
+    "$@" || rc=$?
+    printf '%s\t%d\n' "$name" $((SECONDS - t0)) >> "$results/timings.tsv"
+    return $rc
+}
 presets=(host aarch64-dotprod aarch64-i8mm)
 if [[ "${S3D8_SKIP_CROSS:-0}" == 1 ]]; then
     presets=(host)
@@ -24,7 +34,7 @@ if [[ "${S3D8_SKIP_CROSS:-0}" == 1 ]]; then
 fi
 
 for preset in "${presets[@]}"; do
-    if ! bash ci/build.sh "$preset"; then
+    if ! timed "build $preset" bash ci/build.sh "$preset"; then
         echo "build of $preset failed" > "$results/build-$preset.failed"
         status=1
     fi
@@ -32,22 +42,22 @@ done
 
 # lint and type check of the whole Python tree (ruff, mypy; pyproject.toml), one JUnit case each
 printf '\033[1m[test]\033[0m lint (ruff, mypy)\n' >&2
-"$PY" ci/lint.py --junitxml="$results/lint.xml" || status=1
+timed lint "$PY" ci/lint.py --junitxml="$results/lint.xml" || status=1
 
 printf '\033[1m[test]\033[0m pytest\n' >&2
-"$PY" -m pytest -q -p no:cacheprovider --junitxml="$results/pytest.xml" tests/python || status=1
+timed pytest "$PY" -m pytest -q -p no:cacheprovider --junitxml="$results/pytest.xml" tests/python || status=1
 
 for preset in "${presets[@]}"; do
     [[ -f "$results/build-$preset.failed" ]] && continue
     printf '\033[1m[test]\033[0m ctest %s\n' "$preset" >&2
-    ctest --preset "$preset" --output-junit "$PWD/$results/ctest-$preset.xml" || status=1
+    timed "ctest $preset" ctest --preset "$preset" --output-junit "$PWD/$results/ctest-$preset.xml" || status=1
 done
 
 # the loaders' fuzz targets (docs/reliability.md, "Fuzzing the loaders"): ASan + UBSan build, replay of the
 # regression inputs, then a bounded run per target; any crash or sanitizer report fails its test
-if bash ci/build.sh fuzz; then
+if timed "build fuzz" bash ci/build.sh fuzz; then
     printf '\033[1m[test]\033[0m ctest fuzz\n' >&2
-    ctest --preset fuzz --output-junit "$PWD/$results/ctest-fuzz.xml" || status=1
+    timed "ctest fuzz" ctest --preset fuzz --output-junit "$PWD/$results/ctest-fuzz.xml" || status=1
 else
     echo "build of fuzz failed" > "$results/build-fuzz.failed"
     status=1

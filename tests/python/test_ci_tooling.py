@@ -328,6 +328,19 @@ def test_lint_step_counts_each_tool_and_fails_on_a_finding(tmp_path: Path, monke
     assert capsys.readouterr().out.strip().endswith("1 passed, 1 failed")
 
 
+def test_summary_reports_step_times_and_the_slowest_cases(tmp_path: Path, capsys) -> None:
+    """ci/test.sh's timings.tsv and the JUnit case times are printed, slowest first, without changing the count."""
+    (tmp_path / "timings.tsv").write_text("setup\t12\npytest\t300\n")
+    (tmp_path / "pytest.xml").write_text(
+        '<testsuite><testcase classname="a" name="fast" time="0.5"/><testcase classname="a" name="slow" time="42.0"/>'
+        '</testsuite>')
+    assert summarize.main(tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "time per step (total 312 s)" in out and "pytest:    300 s" in out
+    assert out.index("a::slow") < out.index("a::fast")
+    assert out.strip().endswith("2 passed, 0 failed")
+
+
 def test_qat_and_convert_import_graph_has_no_cycle() -> None:
     """tools/import_graph.py: every import (lazy ones too) of qat/ and convert/; a two-module cycle is found, and
     the real graph has none; reading a QAT checkpoint no longer pulls in the training loop."""
