@@ -458,6 +458,18 @@ def images(out: Path) -> None:
         buf = io.BytesIO()
         img.save(buf, fmt, **kw)
         files[f"small.{ext}"] = buf.getvalue()
+    for ext, kw in (("tga", {}), ("rle.tga", {"compression": "tga_rle"})):
+        buf = io.BytesIO()
+        img.save(buf, "TGA", **kw)
+        files[f"small.{ext}"] = buf.getvalue()
+    buf = io.BytesIO()
+    img.save(buf, "PPM")
+    files["small.ppm"] = buf.getvalue()
+    # the densest legitimate run-length TGA (one colour: 128-pixel packets of 4 bytes, 32 pixels per byte) must
+    # still decode next to the truncated-file check (more than 128 pixels per byte of file is refused)
+    buf = io.BytesIO()
+    Image.new("RGB", (1024, 64), (10, 200, 30)).save(buf, "TGA", compression="tga_rle")
+    files["solid-rle.tga"] = buf.getvalue()
     buf = io.BytesIO()
     img.convert("L").save(buf, "PNG")
     files["gray.png"] = buf.getvalue()
