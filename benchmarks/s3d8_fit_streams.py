@@ -17,7 +17,6 @@ tokens). Needs the main job's cache (``bash ci/main.sh``) and ``build/host``. Ru
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from gguf_s3d8 import codebook as reference_fit
 from gguf_s3d8 import importance as iw1
 from gguf_s3d8.constants import DEFAULT_CENTROID_RULE, FIT_CHANGE_THRESHOLD
 from gguf_s3d8 import series_gguf
+from qat import llama_perplexity
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN_JOB = ROOT / ".cache" / "main-job"
@@ -69,10 +69,7 @@ def kld(model: Path, bin_dir: Path) -> float:
     out = subprocess.run([str(bin_dir / "llama-perplexity"), "-m", str(model), "-f", str(MAIN_JOB / "eval.txt"),
                           "-c", "512", "--chunks", "24", "-t", "2", "--kl-divergence-base", str(MAIN_JOB / "f16.kld"),
                           "--kl-divergence"], capture_output=True, text=True, check=True)
-    m = re.search(r"Mean\s+KLD:\s+([0-9.]+)", out.stdout + out.stderr)
-    if not m:
-        sys.exit("no KLD in llama-perplexity's output")
-    return float(m.group(1))
+    return llama_perplexity.parse(out.stdout + out.stderr, kld=True).kld
 
 
 def main() -> None:

@@ -42,6 +42,7 @@ from pathlib import Path
 from convert import assets
 from convert.to_gguf import main as convert_main
 from gguf_s3d8 import series_gguf  # the patch series' gguf-py, which defines S3D8
+from qat import llama_perplexity
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("S3D8_BIN_DIR", REPO / "build" / "host" / "bin"))
@@ -151,21 +152,13 @@ def perplexity(model: Path, text: Path, base: Path, chunks: int, threads: int, s
     if not save_base:
         cmd.append("--kl-divergence")
     out = run(cmd, f"llama-perplexity on {model.name}")
-    log_text = out.stdout + out.stderr
+    try:
+        r = llama_perplexity.parse(out.stdout + out.stderr, kld=not save_base)
+    except llama_perplexity.PerplexityOutputError as e:
+        sys.exit(f"main: could not read llama-perplexity's result for {model.name}: {e}")
     v = Variant(model.name, model)
-    if save_base:
-        m = re.search(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)", log_text)
-        if m:
-            v.ppl, v.ppl_err, v.kld, v.kld_err = float(m.group(1)), float(m.group(2)), 0.0, 0.0
-    else:
-        m = re.search(r"Mean PPL\(Q\)\s*:\s*([\d.]+)\s*±\s*([\d.]+)", log_text)
-        k = re.search(r"Mean\s+KLD:\s*([\d.]+)\s*±\s*([\d.]+)", log_text)
-        if m and k:
-            v.ppl, v.ppl_err, v.kld, v.kld_err = (float(m.group(1)), float(m.group(2)),
-                                                  float(k.group(1)), float(k.group(2)))
-    if v.ppl != v.ppl:
-        print(log_text[-3000:], file=sys.stderr)
-        sys.exit(f"main: could not read llama-perplexity's result for {model.name}")
+    v.ppl, v.ppl_err = r.ppl, r.ppl_err
+    v.kld, v.kld_err = (0.0, 0.0) if save_base else (r.kld, r.kld_err)
     return v
 
 

@@ -458,9 +458,9 @@ def images(out: Path) -> None:
         buf = io.BytesIO()
         img.save(buf, fmt, **kw)
         files[f"small.{ext}"] = buf.getvalue()
-    for ext, kw in (("tga", {}), ("rle.tga", {"compression": "tga_rle"})):
+    for ext, compression in (("tga", None), ("rle.tga", "tga_rle")):
         buf = io.BytesIO()
-        img.save(buf, "TGA", **kw)
+        img.save(buf, "TGA", compression=compression)
         files[f"small.{ext}"] = buf.getvalue()
     buf = io.BytesIO()
     img.save(buf, "PPM")

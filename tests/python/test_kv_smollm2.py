@@ -17,13 +17,13 @@ without flash attention (it used to fail an assertion in ggml_view without it); 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from convert import assets
+from qat import llama_perplexity
 
 REPO = Path(__file__).resolve().parents[2]
 CTX, CHUNKS, THREADS = "256", "4", "2"
@@ -61,10 +61,8 @@ def kld(base: dict[str, Path], k: str, v: str, env: dict[str, str] | None = None
              "--kl-divergence-base", str(base["logits"]), "--kl-divergence"], env)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    m_kld = re.search(r"Mean\s+KLD:\s+([0-9.]+)", out)
-    m_top = re.search(r"Same top p:\s+([0-9.]+)", out)
-    assert m_kld and m_top, out[-3000:]
-    return float(m_kld.group(1)), float(m_top.group(1))
+    result = llama_perplexity.parse(out, kld=True)
+    return result.kld, result.same_top
 
 
 # (K, V): (max mean KLD, min same-top %). Measured at this commit (x86 AVX512, 4 x 256 tokens): see
@@ -173,8 +171,6 @@ def test_llama_quantize_takes_the_hqq_weight_types(base: dict[str, Path], tmp_pa
         p = run([tool("llama-perplexity"), "-m", str(m), "-f", str(base["text"]), "-c", CTX, "--chunks", "1",
                  "-t", THREADS])
         assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-        found = re.search(r"Final estimate: PPL = ([0-9.]+)", p.stdout + p.stderr)
-        assert found, (p.stdout + p.stderr)[-3000:]
-        ppl.append(float(found.group(1)))
+        ppl.append(llama_perplexity.parse(p.stdout + p.stderr, kld=False).ppl)
     # measured on 2 chunks: 9.95 (the Q4_1 original) -> 10.34
     assert ppl[1] < 1.1 * ppl[0], ppl
