@@ -145,3 +145,39 @@ def test_import_loads_the_series_gguf_py_and_leaves_pypi_s_alone() -> None:
                        env={"PYTHONPATH": str(REPO)}, timeout=120)
     assert r.stdout.split() == ["False", "False", "True", "96", "(128,", "43)"], r.stderr
     assert gguf_s3d8.S3D8_TYPE_ID == 96
+
+
+@pytest.mark.parametrize("corruption,message", [
+    ("magic", "bad S3D8 magic 00 00 00 00"),
+    ("padding", "S3D8 padding between the scales and the body is not zero"),
+])
+def test_llama_loader_rejects_corrupt_s3d8_naming_the_tensor(tmp_path: Path, corruption: str, message: str) -> None:
+    """libllama validates every slice-quantized tensor at load (whatever --check-tensors says): a corrupt
+    container is a load error naming the tensor and the fault, not a crash in the kernels. The fuzz seeds'
+    tiny S3D8 Llama, one container damaged in place."""
+    import os
+
+    from tests.fuzz import make_seeds
+
+    path = tmp_path / "tiny.gguf"
+    make_seeds.llama_s3d8(make_seeds._tokenizer_kv()).write(path)
+    reader = gguf_s3d8.series_gguf().GGUFReader(path, "r+")
+    t = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
+    raw = t.data.reshape(-1).view(np.uint8)
+    assert t.tensor_type.name == "S3D8" and bytes(raw[:4]) == b"S3D8"
+    if corruption == "magic":
+        raw[:4] = 0
+    else:
+        raw[body_offset(int(t.shape[1])) - 1] = 1
+    reader.data.flush()
+    del reader
+    exe = Path(os.environ.get("S3D8_BIN_DIR", REPO / "build" / "host" / "bin")) / "llama-perplexity"
+    if not exe.is_file():
+        pytest.fail(f"{exe} not found: build llama.cpp first (`bash ci/build.sh host`) or set S3D8_BIN_DIR")
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 200)
+    r = subprocess.run([str(exe), "-m", str(path), "-f", str(text), "-c", "64", "--chunks", "1"],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    log = r.stdout + r.stderr
+    assert r.returncode != 0 and "GGML_ASSERT" not in log, log[-3000:]
+    assert f"tensor 'blk.0.ffn_down.weight' has invalid data: {message}" in log, log[-3000:]
