@@ -15,8 +15,8 @@ exported GGUF reproduces the student's forward). Embedding lookups read the dequ
 
 **Simulation students** (``qat.train --format ID``, :func:`plan_format`): every Linear and Embedding weight (a tied
 lm_head / embedding once) computes with a ``qat.formats`` format instead - the baseline sweep's scope, no GGUF
-form. The format's per-matrix part is fitted once on the teacher's weight and frozen (:class:`FormatSpec`,
-``fmt.qat_fit``), the scales come from the current master every step (``fmt.qat_quantise``); activations are
+form. The format's per-matrix part is fitted once on the teacher's weight and frozen (a :class:`WeightSpec` of
+type ``"format"``, :func:`format_spec`; ``fmt.qat_fit``), the scales come from the current master every step (``fmt.qat_quantise``); activations are
 not quantised and the weight gradient is the plain straight-through identity.
 
 Gradients are straight-through: d w_hat / d w = identity plus the dynamic-scale path of the reference
@@ -44,7 +44,7 @@ from qat.numerics import bf16_rne, f16_round
 from qat.s3d8_torch import fake_quant_activations, s3d8_dequantised, s3d8_weight_space_values
 
 __all__ = ["WeightSpec", "plan_weights", "fake_quant_weight", "weights_stepped", "quantise_student", "QuantLinear", "QuantEmbedding",
-           "student_specs", "FormatSpec", "plan_format", "spec_from_state", "start_from_containers"]
+           "student_specs", "format_spec", "plan_format", "spec_from_state", "start_from_containers"]
 
 
 @dataclass(frozen=True)
@@ -70,33 +70,61 @@ def _no_scale(k: int) -> int | None:
     return None
 
 
-#: The one dispatch on a weight's type string (:attr:`WeightSpec.qtype`).
+def _format_values(g: torch.Tensor, spec: "WeightSpec") -> torch.Tensor:
+    assert spec.format_id is not None and spec.fitted is not None
+    return _simulated_format(spec.format_id).qat_quantise(g, spec.fitted)
+
+
+@functools.lru_cache(maxsize=None)
+def _simulated_format(format_id: str) -> Any:
+    from qat.formats import format_from_id
+
+    return format_from_id(format_id)
+
+
+#: The one dispatch on a weight's type string (:attr:`WeightSpec.qtype`): the GGUF types, and ``"format"`` for a
+#: simulation student's ``qat.formats`` format (its fitted part in the spec; activations not quantised, identity
+#: gradient).
 GGUF_TYPES: dict[str, GgufType] = {
+    "format": GgufType(_format_values, None, _no_scale),
     "s3d8": GgufType(_s3d8_values, fake_quant_activations, lambda k: k),
     "q8_0": GgufType(lambda g, spec: q8_0_dequantised(g), q8_0_activations, lambda k: 32),
     "f16": GgufType(lambda g, spec: f16_round(g), f16_round, _no_scale),
     "bf16": GgufType(lambda g, spec: bf16_rne(g), bf16_rne, _no_scale),
     "f32": GgufType(lambda g, spec: g, None, _no_scale),
 }
-WEIGHT_TYPES = tuple(GGUF_TYPES)
+WEIGHT_TYPES = tuple(t for t in GGUF_TYPES if t != "format")  #: the types a GGUF weight can have
 
 
 @dataclass
 class WeightSpec:
     """How one HF weight is stored in the GGUF: type, llama.cpp row permutation, frozen S3D8 codebook and, for a
     student started from GPTQ or the importance-aware encoder (:func:`start_from_containers`), frozen S3D8 row
-    scales (the weight-space rule then assigns entries; without them: absmax scales of the current master)."""
+    scales (the weight-space rule then assigns entries; without them: absmax scales of the current master).
+
+    A simulation student's weight (:func:`format_spec`) has type ``"format"``: the ``qat.formats`` format
+    ``format_id`` with ``fitted``, its ``fmt.qat_fit`` of the teacher's weight (the value of a master ``w`` is
+    ``fmt.qat_quantise(w, fitted)``, scales from ``w``); it has no GGUF tensor (``gguf_name`` is the format id)."""
 
     hf_name: str
     gguf_name: str
-    qtype: str                      # one of WEIGHT_TYPES
+    qtype: str                      # one of WEIGHT_TYPES, or "format"
     perm: torch.Tensor | None       # GGUF row r = HF row perm[r] (q/k RoPE layout), None = identity
     codebook: torch.Tensor | None   # (32, 3) uint8 for S3D8
     scales: torch.Tensor | None = None  # (n,) int32 holding bf16 bit patterns, GGUF row order; None = absmax
+    format_id: str | None = None    # qtype "format": the qat.formats format
+    fitted: dict[str, torch.Tensor] | None = None  # qtype "format": its frozen fitted part
 
     def state(self) -> dict[str, Any]:
-        return {"hf_name": self.hf_name, "gguf_name": self.gguf_name, "qtype": self.qtype,
-                "perm": self.perm, "codebook": self.codebook, "scales": self.scales}
+        return {"hf_name": self.hf_name, "gguf_name": self.gguf_name, "qtype": self.qtype, "perm": self.perm,
+                "codebook": self.codebook, "scales": self.scales, "format_id": self.format_id, "fitted": self.fitted}
+
+    @property
+    def fmt(self) -> Any:
+        """The ``qat.formats`` format of a simulated weight."""
+        if self.format_id is None:
+            raise ValueError(f"{self.hf_name}: a {self.qtype} weight has no simulated format")
+        return _simulated_format(self.format_id)
 
     def gguf_type(self) -> GgufType:
         found = GGUF_TYPES.get(self.qtype)
@@ -116,65 +144,34 @@ class WeightSpec:
         return out
 
     def activation_quantiser(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        t = GGUF_TYPES.get(self.qtype)
-        return None if t is None else t.activations
+        return self.gguf_type().activations
 
     def scale_block(self, k: int) -> int | None:
         """Elements per dynamic scale along a row (S3D8: the row, Q8_0: 32); None for unscaled types and for
         frozen S3D8 scales."""
-        t = GGUF_TYPES.get(self.qtype)
-        return None if t is None or self.scales is not None else t.scale_block(k)
+        return None if self.scales is not None else self.gguf_type().scale_block(k)
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> "WeightSpec":
         return cls(**d)
 
 
-@dataclass
-class FormatSpec:
-    """A weight of a simulation student: the ``qat.formats`` format ``format_id`` with its frozen fitted part.
-
-    ``fitted`` is ``fmt.qat_fit`` of the teacher's weight (plain tensors); the value of a master ``w`` is
-    ``fmt.qat_quantise(w, fitted)`` (scales from ``w``). ``qtype`` is ``"format"``: no activation quantisation,
-    identity gradient (no dynamic-scale term).
-    """
-
-    hf_name: str
-    format_id: str
-    fitted: dict[str, torch.Tensor]
-    qtype: str = "format"
-
-    def __post_init__(self) -> None:
-        from qat.formats import format_from_id
-
-        self.fmt = format_from_id(self.format_id)
-
-    @property
-    def gguf_name(self) -> str:  # for the modules' repr; a simulated weight has no GGUF tensor
-        return self.format_id
-
-    def dequantised(self, w: torch.Tensor) -> torch.Tensor:
-        return self.fmt.qat_quantise(w.detach().to(torch.float32), self.fitted)
-
-    def state(self) -> dict[str, Any]:
-        return {"kind": "format", "hf_name": self.hf_name, "format": self.format_id, "fitted": self.fitted}
-
-    def activation_quantiser(self) -> None:
-        return None  # simulated formats leave activations unquantised
-
-    def scale_block(self, k: int) -> None:
-        return None  # identity gradient
+def format_spec(hf_name: str, format_id: str, fitted: dict[str, torch.Tensor]) -> WeightSpec:
+    """A simulation student's weight: ``qat.formats`` format ``format_id`` with its frozen fitted part."""
+    _simulated_format(format_id)  # an unknown id fails here, not at the first forward
+    return WeightSpec(hf_name, format_id, "format", None, None, format_id=format_id, fitted=dict(fitted))
 
 
-def spec_from_state(d: dict[str, Any]) -> "WeightSpec | FormatSpec":
-    """The spec of a checkpoint entry (``WeightSpec.state()`` or ``FormatSpec.state()``)."""
+def spec_from_state(d: dict[str, Any]) -> WeightSpec:
+    """The spec of a checkpoint entry (``WeightSpec.state()``; also the ``{"kind": "format", ...}`` entries that
+    checkpoints of simulation students held before the two spec classes became one)."""
     if d.get("kind") == "format":
-        return FormatSpec(d["hf_name"], d["format"], dict(d["fitted"]))
+        return format_spec(d["hf_name"], d["format"], dict(d["fitted"]))
     return WeightSpec.from_state(d)
 
 
-def plan_format(model: nn.Module, format_id: str, *, progress: bool = False) -> dict[str, FormatSpec]:
-    """A :class:`FormatSpec` per distinct Linear/Embedding weight, fitted on its current (teacher) value.
+def plan_format(model: nn.Module, format_id: str, *, progress: bool = False) -> dict[str, WeightSpec]:
+    """A simulated :class:`WeightSpec` (:func:`format_spec`) per distinct Linear/Embedding weight, fitted on its current (teacher) value.
 
     The scope of ``qat.gptq.quantise_model`` (the baseline sweep's direct cast): every Linear and every
     Embedding, tied weights once (keyed by the parameter's first name, e.g. the embedding's, as
@@ -187,11 +184,11 @@ def plan_format(model: nn.Module, format_id: str, *, progress: bool = False) -> 
     fmt = format_from_id(format_id)
     names = {id(p): n for n, p in reversed(list(model.named_parameters(remove_duplicate=False)))}  # first name wins
     mods = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))]
-    specs: dict[str, FormatSpec] = {}
+    specs: dict[str, WeightSpec] = {}
     for mod in tqdm(mods, desc=f"Fitting {format_id}", disable=not progress, leave=False):
         hf_name = names[id(mod.weight)]
         if hf_name not in specs:
-            specs[hf_name] = FormatSpec(hf_name, format_id, fmt.qat_fit(mod.weight.detach().to(torch.float32)))
+            specs[hf_name] = format_spec(hf_name, format_id, fmt.qat_fit(mod.weight.detach().to(torch.float32)))
     return specs
 
 
@@ -268,7 +265,7 @@ def plan_weights(model: nn.Module, model_dir: Path, *, vision_type: str | None =
 # fake quantisation with straight-through gradients
 
 
-def _dequantised(w: torch.Tensor, spec: "WeightSpec | FormatSpec") -> torch.Tensor:
+def _dequantised(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
     """The GGUF's dequantised value of the fp32 master ``w`` (HF row order); a simulated format's value."""
     return spec.dequantised(w)
 
@@ -370,14 +367,14 @@ class _WeightCache:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref, tuple[int, int], WeightSpec | FormatSpec, torch.Tensor]] = {}
+        self._entries: dict[int, tuple[weakref.ref, tuple[int, int], WeightSpec, torch.Tensor]] = {}
         self._step = 0
 
     def new_step(self) -> None:
         """Expire the values of every trainable weight (call after each optimiser step)."""
         self._step += 1
 
-    def get(self, w: torch.Tensor, spec: WeightSpec | FormatSpec) -> torch.Tensor:
+    def get(self, w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
         key, stamp = id(w), (w._version, self._step if w.requires_grad else 0)
         hit = self._entries.get(key)
         if hit is not None and hit[0]() is w and hit[1] == stamp and hit[2] is spec:

@@ -60,13 +60,13 @@ def recipe_lr_bits(fmt: Any) -> float:
 def bits_per_param(student: torch.nn.Module) -> dict[str, float | int]:
     """The sweep's accounting (``baselines_smollm2.run``): every distinct quantised matrix at the format's
     ``bits_per_param(shape)``, every other parameter at 16 bits, over all distinct parameters."""
-    from qat.student import FormatSpec, student_specs
+    from qat.student import student_specs
 
     params = {n: p for n, p in student.named_parameters(remove_duplicate=False)}
     n_params = sum(p.numel() for p in {id(p): p for p in params.values()}.values())
     bits = quantised = 0.0
     for name, spec in student_specs(student).items():
-        assert isinstance(spec, FormatSpec)
+        assert spec.qtype == "format", f"{name}: not a simulated weight ({spec.qtype})"
         shape = tuple(params[name].shape)
         bits += spec.fmt.bits_per_param(shape) * math.prod(shape)
         quantised += math.prod(shape)
