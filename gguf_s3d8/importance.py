@@ -275,7 +275,8 @@ def base_scales(w: F32) -> F32:
     """``fp32(absmax_i / 127)`` per row, as (P, 3) over the padded triples (padding rows 0)."""
     n = w.shape[0]
     amax = np.zeros(n_triples(n) * VECTOR_DIM, dtype=np.float32)
-    amax[:n] = np.max(np.abs(w), axis=1) if w.shape[1] else 0
+    # max |w| without a full-size |w| temporary (max(max w, -min w)); + 0.0 turns the -0.0 of an all-zero row into +0
+    amax[:n] = np.maximum(w.max(axis=1), -w.min(axis=1)) + np.float32(0.0) if w.shape[1] else 0
     return (amax / np.float32(SCALE_DIVISOR)).reshape(-1, VECTOR_DIM)
 
 

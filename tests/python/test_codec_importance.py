@@ -218,3 +218,23 @@ def test_bad_imatrix_is_a_clear_error_in_both_tools(smollm2: dict[str, Path], tm
     assert "blk.0.ffn_down.weight" in err and "negative" in err and not conv.exists()
     assert convert_main([str(smollm2["f16"]), "--type", "f16", "--imatrix", str(bad), "-o", str(conv)]) == 2
     assert "--type s3d8" in capsys.readouterr().err
+
+
+def test_row_absmax_is_exact_and_needs_no_full_size_copy() -> None:
+    """iw1's base scales: max |w| per row as max(max w, -min w) (bit-exact, +0 for an all-zero row, no -0), without
+    the |w| temporary of the whole matrix that made an S3D8 conversion's peak memory 2x the largest tensor."""
+    import tracemalloc
+
+    from gguf_s3d8.importance import base_scales
+
+    w = np.random.default_rng(0).standard_normal((3000, 1024), dtype=np.float32)
+    w[5] = 0.0
+    w[6] = -np.abs(w[6])
+    w[7] = -0.0
+    expect = np.abs(w).max(axis=1) / np.float32(127.0)
+    tracemalloc.start()
+    got = base_scales(w)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert np.array_equal(got.reshape(-1)[:3000].view(np.uint32), expect.view(np.uint32))  # +0 for rows 5 and 7
+    assert peak < w.nbytes / 20, peak
