@@ -147,7 +147,7 @@ def quality(args: argparse.Namespace, work: Path) -> dict:
         else:
             row.error = error_line(log)
         rows.append(row)
-        shown = f"KLD {row.kld:.4f}" if not row.error else f"not run: {row.error}"
+        shown = f"KLD {row.kld:.3g}" if not row.error else f"not run: {row.error}"
         print(f"[{i}/{len(pairs)}, {time.time() - t0:.0f} s] {row.label}: {shown}", file=sys.stderr)
     return {"model": str(args.model), "ctx": args.ctx, "chunks": args.chunks, "tokens": args.ctx * args.chunks,
             "f16_ppl": ref.ppl, "rows": [asdict(r) for r in rows]}
@@ -161,7 +161,7 @@ def quality_table(result: dict) -> str:
         if r.error:
             out.append(f"| {r.label} | {bits} | | n/a: {r.error} | | |")
         else:
-            out.append(f"| {r.label} | {bits} | {r.bytes_per_token:.0f} | {r.kld:.4f} ± {r.kld_err:.4f} | "
+            out.append(f"| {r.label} | {bits} | {r.bytes_per_token:.0f} | {r.kld:.3g} ± {r.kld_err:.2g} | "
                        f"{r.same_top:.1f} | {r.ppl:.3f} |")
     return "\n".join(out)
 
@@ -243,6 +243,10 @@ def speed_table(result: dict) -> str:
     return "\n".join(out)
 
 
+def table(result: dict, what: str) -> str:
+    return quality_table(result) if what == "quality" else speed_table(result)
+
+
 def write_json(result: dict, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
@@ -265,10 +269,16 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--threads", type=int, default=2)
         p.add_argument("--json", type=Path, help="write every figure here")
     q.add_argument("--plot", type=Path, help="write the KLD plot (PNG) here")
+    t = sub.add_parser("table", help="print the markdown table of a saved --json run")
+    t.add_argument("from_json", type=Path)
     args = ap.parse_args(argv)
+    if args.what == "table":  # re-print a saved run's table (e.g. for docs/kv-cache.md)
+        result = json.loads(args.from_json.read_text())
+        print(table(result, "speed" if "depth" in result else "quality"))
+        return 0
     with tempfile.TemporaryDirectory(prefix="kv-cache-") as tmp:
         result = quality(args, Path(tmp)) if args.what == "quality" else speed(args, Path(tmp))
-    print(quality_table(result) if args.what == "quality" else speed_table(result))
+    print(table(result, args.what))
     if args.json:
         write_json(result, args.json)
     if args.what == "quality" and args.plot:
