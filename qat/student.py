@@ -179,9 +179,7 @@ def plan_format(model: nn.Module, format_id: str, *, progress: bool = False) -> 
     """
     from tqdm import tqdm
 
-    from qat.formats import format_from_id
-
-    fmt = format_from_id(format_id)
+    fmt = _simulated_format(format_id)
     names = {id(p): n for n, p in reversed(list(model.named_parameters(remove_duplicate=False)))}  # first name wins
     mods = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))]
     specs: dict[str, WeightSpec] = {}
