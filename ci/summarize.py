@@ -13,12 +13,15 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
-def count(xml: Path) -> tuple[int, int, list[str]]:
-    """(passed, failed, names of failed/skipped cases) of one JUnit file."""
+def count(xml: Path, times: list[tuple[float, str]] | None = None) -> tuple[int, int, list[str]]:
+    """(passed, failed, names of failed/skipped cases) of one JUnit file; appends each case's (seconds, name) to
+    ``times`` when given."""
     passed, failed, bad = 0, 0, []
     root = ET.parse(xml).getroot()
     for case in root.iter("testcase"):
         name = f"{xml.stem}: {case.get('classname', '')}::{case.get('name', '')}"
+        if times is not None:
+            times.append((float(case.get("time") or 0.0), name))
         outcome = {child.tag for child in case}
         if outcome & {"failure", "error"}:
             failed += 1
@@ -31,21 +34,8 @@ def count(xml: Path) -> tuple[int, int, list[str]]:
     return passed, failed, bad
 
 
-def slowest(xmls: list[Path], n: int = 15) -> list[tuple[float, str]]:
-    """The ``n`` test cases that took longest, over all JUnit files (seconds, name)."""
-    times: list[tuple[float, str]] = []
-    for xml in xmls:
-        try:
-            root = ET.parse(xml).getroot()
-        except ET.ParseError:
-            continue
-        for case in root.iter("testcase"):
-            times.append((float(case.get("time") or 0.0), f"{xml.stem}: {case.get('classname', '')}::{case.get('name', '')}"))
-    return sorted(times, reverse=True)[:n]
-
-
-def print_timings(results: Path, xmls: list[Path]) -> None:
-    """Wall time of each step of ci/test.sh (timings.tsv) and the slowest test cases."""
+def print_timings(results: Path, times: list[tuple[float, str]], n: int = 15) -> None:
+    """Wall time of each step of ci/test.sh (timings.tsv) and the ``n`` slowest test cases."""
     steps = results / "timings.tsv"
     if steps.exists():
         rows = [line.split("\t") for line in steps.read_text().splitlines() if "\t" in line]
@@ -53,7 +43,7 @@ def print_timings(results: Path, xmls: list[Path]) -> None:
         print(f"time per step (total {total} s):")
         for name, sec in rows:
             print(f"{name:>24}: {int(sec):6d} s")
-    cases = slowest(xmls)
+    cases = sorted(times, reverse=True)[:n]
     if cases:
         print("slowest test cases:")
         for seconds, case_name in cases:
@@ -73,15 +63,16 @@ def main(results: Path) -> int:
     if not xmls:
         failed += 1
         problems.append("no test results were written")
+    times: list[tuple[float, str]] = []
     for xml in xmls:
         try:
-            p, f, bad = count(xml)
+            p, f, bad = count(xml, times)
         except ET.ParseError as e:
             p, f, bad = 0, 1, [f"FAILED  {xml.name}: unreadable results ({e})"]
         print(f"{xml.stem:>24}: {p} passed, {f} failed")
         passed, failed = passed + p, failed + f
         problems += bad
-    print_timings(results, xmls)
+    print_timings(results, times)
     for line in problems:
         print(line)
     print(f"{passed} passed, {failed} failed")
