@@ -3,6 +3,9 @@
 //    AVX512 / NEON) equals the dot product of the dequantized operands, computed in double, within
 //    the fp32 bound below; rows with outlier channels and a non-zero mean (K-like), every block
 //    count from 1 to 9 and long rows; the type traits use the first variant
+//  - vec_mad (y += v*x, flash attention's V accumulation) of every variant equals y + v*x computed in
+//    double on the dequantized x, per value within the fp32 bound below; flash attention uses the
+//    first variant
 //  - the quantizers: the CPU backend's from_float writes the reference bytes, the output validates,
 //    the HQQ zero point beats Q4_1's min/max zero on Gaussian data, TQ3_0's mean error is that of a
 //    3-bit Lloyd-Max code, degenerate blocks (constant, zero) dequantize exactly
@@ -181,6 +184,127 @@ static void test_vec_dot(std::mt19937 & rng) {
         kernel_of(kernels[0], t)((int) n, &s1, 0, xq.data(), 0, yq.data(), 0, 1);
         S3D8T_CHECK(f32_bits(s0) == f32_bits(s1), "%s: the type traits' vec_dot is not the %s variant", ggml_type_name(t), kernels[0].name);
     }
+}
+
+// ---- vec_mad (flash attention's V accumulation) ---------------------------------------------------
+
+static ggml_kvq_vec_mad_t mad_of(const ggml_kvq_kernels & k, ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_Q4_HQQ:     return k.mad_q4_hqq;
+        case GGML_TYPE_Q4_HQQ_128: return k.mad_q4_hqq_128;
+        case GGML_TYPE_TQ3_0:      return k.mad_tq3_0;
+        default:                   return nullptr;
+    }
+}
+
+// One case: y0 += v*x with x of type t. Per value a kernel rounds d*v and m*v (once per block), the
+// product with the code and the sum with m*v (one rounding if fused), and the addition to y0; the
+// code times d (fp16, an 11-bit significand, times an integer below 2^7) is exact, and the
+// dequantized reference x' = fl(d*q + m) is one more rounding from d*q + m. Each output is thus
+// within gamma_6*(|y0| + |v|*(|d*q| + |m|)) of y0 + v*x' computed in double (u = 2^-24, gamma_k =
+// k*u/(1 - k*u); m = 0 for TQ3_0). A value taken from a wrong block, lane or nibble is off by about
+// |v*x| itself.
+static void check_vec_mad(const ggml_kvq_kernels & kern, ggml_type t, const std::vector<float> & x, const std::vector<float> & y0,
+                          float v, int64_t & n_cases) {
+    const int64_t n  = (int64_t) x.size();
+    const int64_t qk = ggml_blck_size(t);
+    const std::vector<uint8_t> xq = quant(t, x);
+    const std::vector<float>   xd = dequant(t, xq, n);
+    const double u = ldexp(1.0, -24);
+    const double g6 = 6.0*u/(1.0 - 6.0*u);
+
+    std::vector<double> ref(n), bound(n);
+    for (int64_t i = 0; i < n; ++i) {
+        double ax = fabs((double) xd[i]);
+        if (t != GGML_TYPE_TQ3_0) {
+            ggml_fp16_t m16;
+            memcpy(&m16, xq.data() + (i/qk)*ggml_type_size(t) + 2, 2);
+            const double m = ggml_fp16_to_fp32(m16);
+            ax = fabs((double) xd[i] - m) + fabs(m);
+        }
+        ref[i]   = (double) y0[i] + (double) v*(double) xd[i];
+        bound[i] = g6*(fabs((double) y0[i]) + fabs((double) v)*ax);
+    }
+
+    std::vector<float> got = y0;
+    mad_of(kern, t)((int) n, got.data(), xq.data(), v);
+    n_cases++;
+    int64_t worst = 0;
+    double worst_ratio = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double r = fabs((double) got[i] - ref[i])/std::max(bound[i], 1e-300);
+        if (!(r <= worst_ratio)) {
+            worst_ratio = r;
+            worst = i;
+        }
+    }
+    S3D8T_CHECK(worst_ratio <= 1.0, "%s %s n=%" PRId64 " v=%g: vec_mad[%" PRId64 "] %.9g, reference %.9g, |diff| %.3g > bound %.3g",
+                kern.name, ggml_type_name(t), n, (double) v, worst, (double) got[worst], ref[worst], fabs((double) got[worst] - ref[worst]), bound[worst]);
+
+    // negative control (for v = 1): x with its blocks rotated by one (the wrong block for every value)
+    // is far outside the bound, by at least a thousand times it somewhere (|x| ~ 1 against a bound of
+    // ~1e-6, no near tie)
+    if (n/qk >= 2 && v == 1.0f) {
+        std::vector<uint8_t> xs(xq.size());
+        const size_t bsz = ggml_type_size(t);
+        memcpy(xs.data(), xq.data() + bsz, xq.size() - bsz);
+        memcpy(xs.data() + xq.size() - bsz, xq.data(), bsz);
+        std::vector<float> bad = y0;
+        mad_of(kern, t)((int) n, bad.data(), xs.data(), v);
+        double worst_bad = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+            worst_bad = std::max(worst_bad, fabs((double) bad[i] - ref[i])/std::max(bound[i], 1e-300));
+        }
+        S3D8T_CHECK(worst_bad > 1e3, "%s %s n=%" PRId64 ": vec_mad of misaligned blocks is within %.3g bounds", kern.name, ggml_type_name(t), n, worst_bad);
+    }
+}
+
+static void test_vec_mad(std::mt19937 & rng) {
+    int nv = 0;
+    const ggml_kvq_kernels * kernels = ggml_kvq_get_kernels(&nv);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::uniform_real_distribution<float> w(0.0f, 1.0f);
+    for (int v = 0; v < nv; ++v) {
+        const int fail0 = g_failures;
+        int64_t n_cases = 0;
+        for (ggml_type t : kv_types) {
+            const int64_t qk = ggml_blck_size(t);
+            std::vector<int64_t> lengths;
+            for (int64_t nb = 1; nb <= 9; ++nb) {
+                lengths.push_back(nb*qk);
+            }
+            lengths.push_back(4096);
+            for (int64_t n : lengths) {
+                for (int rep = 0; rep < 4; ++rep) {
+                    std::vector<float> sc, off;
+                    channel_profile(rng, n, sc, off);
+                    std::vector<float> y0(n);
+                    for (float & e : y0) {
+                        e = 4.0f*g(rng);
+                    }
+                    // softmax weights: 1 (a new maximum), a typical one and a tiny one
+                    const float vs[4] = { 1.0f, w(rng), 1e-3f*w(rng), 0.0f };
+                    check_vec_mad(kernels[v], t, kv_row(rng, n, sc, off), y0, vs[rep], n_cases);
+                }
+            }
+        }
+        printf("%-8s %" PRId64 " vec_mad cases %s\n", kernels[v].name, n_cases, g_failures == fail0 ? "OK" : "FAILED");
+    }
+
+    // flash attention takes the best variant; other types have none
+    for (ggml_type t : kv_types) {
+        const int64_t n = 256;
+        std::vector<float> sc, off;
+        channel_profile(rng, n, sc, off);
+        const std::vector<uint8_t> xq = quant(t, kv_row(rng, n, sc, off));
+        std::vector<float> a(n, 0.5f), b(n, 0.5f);
+        S3D8T_CHECK(ggml_kvq_get_vec_mad(t) != nullptr, "%s: no vec_mad", ggml_type_name(t));
+        ggml_kvq_get_vec_mad(t)((int) n, a.data(), xq.data(), 0.75f);
+        mad_of(kernels[0], t)((int) n, b.data(), xq.data(), 0.75f);
+        S3D8T_CHECK(memcmp(a.data(), b.data(), n*sizeof(float)) == 0, "%s: ggml_kvq_get_vec_mad is not the %s variant", ggml_type_name(t), kernels[0].name);
+    }
+    S3D8T_CHECK(ggml_kvq_get_vec_mad(GGML_TYPE_Q8_0) == nullptr && ggml_kvq_get_vec_mad(GGML_TYPE_F16) == nullptr,
+                "ggml_kvq_get_vec_mad returns a kernel for a type that is not a KV-cache type");
 }
 
 // ---- quantizers ---------------------------------------------------------------------------------
@@ -458,6 +582,7 @@ int main(int argc, char ** argv) {
     ggml_cpu_init();
     std::mt19937 rng(13);
     test_vec_dot(rng);
+    test_vec_mad(rng);
     test_quantizers(rng);
     test_fattn(rng);
     printf("%s (%d failures)\n", g_failures ? "FAILED" : "OK", g_failures);
