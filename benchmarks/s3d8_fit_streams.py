@@ -7,6 +7,8 @@ one of four fits, all on iw1's training histogram and with iw1's weight-space as
   B  splitmix64 k-means++ + float64 Lloyd
   C  PCG64 k-means++      + fp32 Lloyd
   D  PCG64 k-means++      + float64 Lloyd (= the reference encoder's fit)
+  M  as A, every training point p counted ||p||^2 times more (the magnitude weighting that k-quants use
+     without an imatrix, here on the codebook fit)
 
 then measures KLD against the f16 model with the main job's own ``llama-perplexity`` command (24 x 512 held-out
 tokens). Needs the main job's cache (``bash ci/main.sh``) and ``build/host``. Run:
@@ -33,16 +35,18 @@ from qat import llama_perplexity
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN_JOB = ROOT / ".cache" / "main-job"
-FITS = ("A", "B", "C", "D")
+FITS = ("A", "B", "C", "D", "M")
 
 
 def fit(w: np.ndarray, alpha: np.ndarray, kind: str, seed: int) -> np.ndarray:
     points, counts = iw1.weighted_histogram(w, alpha, np.ones(w.shape[1], dtype=np.int64), DEFAULT_CENTROID_RULE)
-    if kind in ("A", "B"):
+    if kind == "M":
+        counts = counts * (points**2).sum(axis=1).astype(np.int64)
+    if kind in ("A", "B", "M"):
         init = iw1.kmeans_plus_plus_splitmix(points, counts, iw1.SplitMix64(seed))
     else:
         init = reference_fit.kmeans_plus_plus(points, counts, np.random.default_rng(seed))
-    if kind in ("A", "C"):
+    if kind in ("A", "C", "M"):
         c = iw1.lloyd_fp32(points, counts, init, threshold=FIT_CHANGE_THRESHOLD)
     else:
         c, _ = reference_fit.lloyd(points, counts, init)
