@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -197,24 +198,47 @@ def plot(result: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def bench_pair(model: Path, k: str, v: str, args: argparse.Namespace) -> tuple[float, float, str]:
+    """One llama-bench run of a cache pair: (pp t/s, tg t/s, error line or "")."""
+    cmd = [tool("llama-bench"), "-m", str(model), "-p", str(args.prompt), "-n", str(args.gen), "-d", str(args.depth),
+           "-t", str(args.threads), "-r", str(args.reps), "-fa", "1", "-ctk", k, "-ctv", v, "-o", "json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        return float("nan"), float("nan"), error_line(p.stdout + p.stderr)
+    pp = tg = float("nan")
+    for test in json.loads(p.stdout):
+        if test["n_prompt"]:
+            pp = test["avg_ts"]
+        else:
+            tg = test["avg_ts"]
+    return pp, tg, ""
+
+
 def speed(args: argparse.Namespace, work: Path) -> dict:
+    """Every pair once per round, ``--rounds`` rounds (so that a slow phase of a shared machine hits every pair
+    alike, not the pairs that happen to run then); each pair's figure is the median over the rounds."""
     model = resolve_model(args.model, work)
+    runs: dict[tuple[str, str], list[tuple[float, float]]] = {pair: [] for pair in SPEED_PAIRS}
+    errors: dict[tuple[str, str], str] = {}
+    for r in range(args.rounds):
+        for k, v in SPEED_PAIRS:
+            if (k, v) in errors:
+                continue
+            pp, tg, err = bench_pair(model, k, v, args)
+            if err:
+                errors[(k, v)] = err
+            else:
+                runs[(k, v)].append((pp, tg))
+            print(f"[round {r + 1}/{args.rounds}] {k} / {v}: pp {pp:.1f} t/s, tg {tg:.1f} t/s {err}", file=sys.stderr)
     rows = []
     for k, v in SPEED_PAIRS:
-        cmd = [tool("llama-bench"), "-m", str(model), "-p", str(args.prompt), "-n", str(args.gen), "-d",
-               str(args.depth), "-t", str(args.threads), "-r", str(args.reps), "-fa", "1", "-ctk", k, "-ctv", v,
-               "-o", "json"]
-        p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        row = {"k": k, "v": v, "pp_ts": float("nan"), "tg_ts": float("nan"), "error": ""}
-        if p.returncode != 0:
-            row["error"] = error_line(p.stdout + p.stderr)
-        else:
-            for test in json.loads(p.stdout):
-                row["pp_ts" if test["n_prompt"] else "tg_ts"] = test["avg_ts"]
-        rows.append(row)
-        print(f"{k} / {v}: pp {row['pp_ts']:.1f} t/s, tg {row['tg_ts']:.1f} t/s {row['error']}", file=sys.stderr)
+        pps, tgs = [pp for pp, _ in runs[(k, v)]], [tg for _, tg in runs[(k, v)]]
+        rows.append({"k": k, "v": v, "error": errors.get((k, v), ""),
+                     "pp_ts": statistics.median(pps) if pps else float("nan"),
+                     "tg_ts": statistics.median(tgs) if tgs else float("nan"),
+                     "pp_rounds": pps, "tg_rounds": tgs})
     return {"model": str(args.model), "depth": args.depth, "prompt": args.prompt, "gen": args.gen,
-            "threads": args.threads, "machine": machine(), "rows": rows}
+            "threads": args.threads, "reps": args.reps, "rounds": args.rounds, "machine": machine(), "rows": rows}
 
 
 def machine() -> str:
@@ -230,16 +254,24 @@ def machine() -> str:
 def speed_table(result: dict) -> str:
     ref = {(r["k"], r["v"]): r for r in result["rows"]}
     q8, f16 = ref.get(("q8_0", "q8_0")), ref.get(("f16", "f16"))
+    rounds = result.get("rounds", 1)
     out = [f"{result['model']} on {result['machine']}, {result['threads']} threads, at {result['depth']} tokens of "
-           f"context (pp{result['prompt']}, tg{result['gen']}, flash attention on)", "",
-           "| K / V | pp t/s | tg t/s | pp ÷ Q8_0 | tg ÷ Q8_0 | tg ÷ F16 |", "|---|---:|---:|---:|---:|---:|"]
+           f"context (pp{result['prompt']}, tg{result['gen']}, flash attention on; median of {rounds} interleaved "
+           f"round(s), tg range over the rounds)", "",
+           "| K / V | pp t/s | tg t/s | tg range | pp ÷ Q8_0 | tg ÷ Q8_0 | tg ÷ F16 |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         if r["error"]:
-            out.append(f"| {r['k']} / {r['v']} | n/a: {r['error']} | | | | |")
+            out.append(f"| {r['k']} / {r['v']} | n/a: {r['error']} | | | | | |")
             continue
-        out.append(f"| {r['k']} / {r['v']} | {r['pp_ts']:.1f} | {r['tg_ts']:.1f} | "
-                   f"{r['pp_ts'] / q8['pp_ts']:.2f} | {r['tg_ts'] / q8['tg_ts']:.2f} | {r['tg_ts'] / f16['tg_ts']:.2f} |"
-                   if q8 and f16 else f"| {r['k']} / {r['v']} | {r['pp_ts']:.1f} | {r['tg_ts']:.1f} | | | |")
+        tgs = r.get("tg_rounds") or [r["tg_ts"]]
+        cells = f"| {r['k']} / {r['v']} | {r['pp_ts']:.1f} | {r['tg_ts']:.1f} | {min(tgs):.1f}-{max(tgs):.1f} |"
+        if q8 and f16:
+            cells += (f" {r['pp_ts'] / q8['pp_ts']:.2f} | {r['tg_ts'] / q8['tg_ts']:.2f} |"
+                      f" {r['tg_ts'] / f16['tg_ts']:.2f} |")
+        else:
+            cells += " | | |"
+        out.append(cells)
     return "\n".join(out)
 
 
@@ -263,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--depth", type=int, default=4096, help="tokens already in the cache (default 4096)")
     s.add_argument("--prompt", type=int, default=512, help="prefill tokens measured (default 512)")
     s.add_argument("--gen", type=int, default=64, help="decoded tokens measured (default 64)")
-    s.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
+    s.add_argument("--reps", type=int, default=2, help="llama-bench repetitions per run (default 2)")
+    s.add_argument("--rounds", type=int, default=3,
+                   help="rounds over all pairs; each figure is the median of its rounds (default 3)")
     for p in (q, s):
         p.add_argument("--model", required=True, help="a GGUF model, or 'tiny-mllama' (the parity tests' model)")
         p.add_argument("--threads", type=int, default=2)
