@@ -69,6 +69,35 @@ static void channel_profile(std::mt19937 & rng, int64_t n, std::vector<float> & 
     }
 }
 
+// the row lengths of the kernel cases: 1 to 9 blocks of type t (odd block counts reach the AVX512
+// tails) and a long row
+static std::vector<int64_t> row_lengths(ggml_type t) {
+    std::vector<int64_t> lengths;
+    for (int64_t nb = 1; nb <= 9; ++nb) {
+        lengths.push_back(nb*ggml_blck_size(t));
+    }
+    lengths.push_back(4096);
+    return lengths;
+}
+
+// every variant, type, row length and 4 repetitions: one case each (the callback counts its checks), then
+// a line per variant
+template <typename F>
+static void for_each_case(const ggml_kvq_kernels * kernels, int nv, const char * what, F && check) {
+    for (int v = 0; v < nv; ++v) {
+        const int fail0 = g_failures;
+        int64_t n_cases = 0;
+        for (ggml_type t : kv_types) {
+            for (int64_t n : row_lengths(t)) {
+                for (int rep = 0; rep < 4; ++rep) {
+                    check(kernels[v], t, n, rep, n_cases);
+                }
+            }
+        }
+        printf("%-8s %" PRId64 " %s cases %s\n", kernels[v].name, n_cases, what, g_failures == fail0 ? "OK" : "FAILED");
+    }
+}
+
 // ---- vec_dot ------------------------------------------------------------------------------------
 
 static ggml_vec_dot_t kernel_of(const ggml_kvq_kernels & k, ggml_type t) {
@@ -147,27 +176,12 @@ static void test_vec_dot(std::mt19937 & rng) {
     }
     printf("\n");
 
-    for (int v = 0; v < nv; ++v) {
-        const int fail0 = g_failures;
-        int64_t n_cases = 0;
-        for (ggml_type t : kv_types) {
-            const int64_t qk = ggml_blck_size(t);
-            std::vector<int64_t> lengths;
-            for (int64_t nb = 1; nb <= 9; ++nb) {
-                lengths.push_back(nb*qk);   // odd block counts reach the AVX512 tails
-            }
-            lengths.push_back(4096);
-            for (int64_t n : lengths) {
-                for (int rep = 0; rep < 4; ++rep) {
-                    std::vector<float> sc, off, scy, offy;
-                    channel_profile(rng, n, sc, off);
-                    channel_profile(rng, n, scy, offy);
-                    check_vec_dot(kernels[v], t, kv_row(rng, n, sc, off), kv_row(rng, n, scy, offy), n_cases);
-                }
-            }
-        }
-        printf("%-8s %" PRId64 " vec_dot cases %s\n", kernels[v].name, n_cases, g_failures == fail0 ? "OK" : "FAILED");
-    }
+    for_each_case(kernels, nv, "vec_dot", [&](const ggml_kvq_kernels & kern, ggml_type t, int64_t n, int, int64_t & n_cases) {
+        std::vector<float> sc, off, scy, offy;
+        channel_profile(rng, n, sc, off);
+        channel_profile(rng, n, scy, offy);
+        check_vec_dot(kern, t, kv_row(rng, n, sc, off), kv_row(rng, n, scy, offy), n_cases);
+    });
 
     // the type traits use the best variant
     for (ggml_type t : kv_types) {
@@ -264,32 +278,17 @@ static void test_vec_mad(std::mt19937 & rng) {
     const ggml_kvq_kernels * kernels = ggml_kvq_get_kernels(&nv);
     std::normal_distribution<float> g(0.0f, 1.0f);
     std::uniform_real_distribution<float> w(0.0f, 1.0f);
-    for (int v = 0; v < nv; ++v) {
-        const int fail0 = g_failures;
-        int64_t n_cases = 0;
-        for (ggml_type t : kv_types) {
-            const int64_t qk = ggml_blck_size(t);
-            std::vector<int64_t> lengths;
-            for (int64_t nb = 1; nb <= 9; ++nb) {
-                lengths.push_back(nb*qk);
-            }
-            lengths.push_back(4096);
-            for (int64_t n : lengths) {
-                for (int rep = 0; rep < 4; ++rep) {
-                    std::vector<float> sc, off;
-                    channel_profile(rng, n, sc, off);
-                    std::vector<float> y0(n);
-                    for (float & e : y0) {
-                        e = 4.0f*g(rng);
-                    }
-                    // softmax weights: 1 (a new maximum), a typical one and a tiny one
-                    const float vs[4] = { 1.0f, w(rng), 1e-3f*w(rng), 0.0f };
-                    check_vec_mad(kernels[v], t, kv_row(rng, n, sc, off), y0, vs[rep], n_cases);
-                }
-            }
+    for_each_case(kernels, nv, "vec_mad", [&](const ggml_kvq_kernels & kern, ggml_type t, int64_t n, int rep, int64_t & n_cases) {
+        std::vector<float> sc, off;
+        channel_profile(rng, n, sc, off);
+        std::vector<float> y0(n);
+        for (float & e : y0) {
+            e = 4.0f*g(rng);
         }
-        printf("%-8s %" PRId64 " vec_mad cases %s\n", kernels[v].name, n_cases, g_failures == fail0 ? "OK" : "FAILED");
-    }
+        // softmax weights: 1 (a new maximum), a typical one, a tiny one and 0
+        const float vs[4] = { 1.0f, w(rng), 1e-3f*w(rng), 0.0f };
+        check_vec_mad(kern, t, kv_row(rng, n, sc, off), y0, vs[rep], n_cases);
+    });
 
     // flash attention takes the best variant; other types have none
     for (ggml_type t : kv_types) {
