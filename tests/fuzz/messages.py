@@ -29,6 +29,8 @@ def kind(line: str) -> str:
     # byte lists such as "reserved flags are not zero (c3 de ff)"
     line = re.sub(r"\((?:[0-9a-f]{2}|#)(?: (?:[0-9a-f]{2}|#))+\)", "(bytes)", line)
     line = re.sub(r"\s+", " ", line).strip()
+    # a name with a quote in it: what follows its folded part is the rest of the name, not of the message
+    line = re.sub(r"'…'[^ ,.:;)].*$", "'…' (name with control bytes)", line)
     return line
 
 
