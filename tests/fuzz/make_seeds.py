@@ -458,6 +458,11 @@ def images(out: Path) -> None:
         buf = io.BytesIO()
         img.save(buf, fmt, **kw)
         files[f"small.{ext}"] = buf.getvalue()
+    # a top-down BMP (negative height in the header, rows stored first to last), which the pixel bounds must
+    # count with the absolute height
+    bmp = bytearray(files["small.bmp"])
+    bmp[22:26] = (-pixels.shape[0]).to_bytes(4, "little", signed=True)
+    files["small.top-down.bmp"] = bytes(bmp)
     for ext, compression in (("tga", None), ("rle.tga", "tga_rle")):
         buf = io.BytesIO()
         img.save(buf, "TGA", compression=compression)
