@@ -98,6 +98,26 @@ static void for_each_case(const ggml_kvq_kernels * kernels, int nv, const char *
     }
 }
 
+// |d*q| + |m| of value i of a row xq of type t, xd its dequantization (x = d*q + m; m = 0 for TQ3_0):
+// the magnitudes the fp32 roundings of a kernel are relative to. The HQQ types read m from the block.
+static double abs_terms(ggml_type t, const std::vector<uint8_t> & xq, const std::vector<float> & xd, int64_t i) {
+    if (t == GGML_TYPE_TQ3_0) {
+        return fabs((double) xd[i]);
+    }
+    ggml_fp16_t m16;
+    memcpy(&m16, xq.data() + (i/ggml_blck_size(t))*ggml_type_size(t) + 2, 2);
+    const double m = ggml_fp16_to_fp32(m16);
+    return fabs((double) xd[i] - m) + fabs(m);
+}
+
+// a row's blocks of bsz bytes rotated by one: every block where its neighbour was (the negative controls)
+static std::vector<uint8_t> rotate_blocks(const std::vector<uint8_t> & row, size_t bsz) {
+    std::vector<uint8_t> out(row.size());
+    memcpy(out.data(), row.data() + bsz, row.size() - bsz);
+    memcpy(out.data() + row.size() - bsz, row.data(), bsz);
+    return out;
+}
+
 // ---- vec_dot ------------------------------------------------------------------------------------
 
 static ggml_vec_dot_t kernel_of(const ggml_kvq_kernels & k, ggml_type t) {
@@ -124,20 +144,10 @@ static void check_vec_dot(const ggml_kvq_kernels & kern, ggml_type t, const std:
     const std::vector<float> xd = dequant(t, xq, n);
     const std::vector<float> yd = dequant(GGML_TYPE_Q8_0, yq, n);
 
-    // A: |d*q| + |m| per value; for the HQQ types read d, m from the block (x = d*q + m)
-    const int64_t qk = ggml_blck_size(t);
     double ref = 0.0, a = 0.0;
     for (int64_t i = 0; i < n; ++i) {
         ref += (double) xd[i]*(double) yd[i];
-        double ax = fabs((double) xd[i]);
-        if (t != GGML_TYPE_TQ3_0) {
-            const uint8_t * blk = xq.data() + (i/qk)*ggml_type_size(t);
-            ggml_fp16_t m16;
-            memcpy(&m16, blk + 2, 2);
-            const double m = ggml_fp16_to_fp32(m16);
-            ax = fabs((double) xd[i] - m) + fabs(m);
-        }
-        a += ax*fabs((double) yd[i]);
+        a += abs_terms(t, xq, xd, i)*fabs((double) yd[i]);
     }
     const double u = ldexp(1.0, -24);
     const double k = 2.0*(double) (n/32) + 8.0;
@@ -153,11 +163,9 @@ static void check_vec_dot(const ggml_kvq_kernels & kern, ggml_type t, const std:
     // the misaligned one (y's blocks rotated by one) is a sum of products of unrelated values, so the
     // two differ by about A, orders of magnitude above the bound (no near tie).
     if (n/32 >= 2) {
-        std::vector<uint8_t> xx(yq.size()), xs(yq.size());
+        std::vector<uint8_t> xx(yq.size());
         ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float(xd.data(), xx.data(), n);
-        const size_t bsz = sizeof(block_q8_0);
-        memcpy(xs.data(), xx.data() + bsz, xx.size() - bsz);
-        memcpy(xs.data() + xx.size() - bsz, xx.data(), bsz);
+        const std::vector<uint8_t> xs = rotate_blocks(xx, sizeof(block_q8_0));
         float good = NAN, bad = NAN;
         kernel_of(kern, t)((int) n, &good, 0, xq.data(), 0, xx.data(), 0, 1);
         kernel_of(kern, t)((int) n, &bad,  0, xq.data(), 0, xs.data(), 0, 1);
@@ -229,15 +237,8 @@ static void check_vec_mad(const ggml_kvq_kernels & kern, ggml_type t, const std:
 
     std::vector<double> ref(n), bound(n);
     for (int64_t i = 0; i < n; ++i) {
-        double ax = fabs((double) xd[i]);
-        if (t != GGML_TYPE_TQ3_0) {
-            ggml_fp16_t m16;
-            memcpy(&m16, xq.data() + (i/qk)*ggml_type_size(t) + 2, 2);
-            const double m = ggml_fp16_to_fp32(m16);
-            ax = fabs((double) xd[i] - m) + fabs(m);
-        }
         ref[i]   = (double) y0[i] + (double) v*(double) xd[i];
-        bound[i] = g6*(fabs((double) y0[i]) + fabs((double) v)*ax);
+        bound[i] = g6*(fabs((double) y0[i]) + fabs((double) v)*abs_terms(t, xq, xd, i));
     }
 
     std::vector<float> got = y0;
@@ -259,10 +260,7 @@ static void check_vec_mad(const ggml_kvq_kernels & kern, ggml_type t, const std:
     // is far outside the bound, by at least a thousand times it somewhere (|x| ~ 1 against a bound of
     // ~1e-6, no near tie)
     if (n/qk >= 2 && v == 1.0f) {
-        std::vector<uint8_t> xs(xq.size());
-        const size_t bsz = ggml_type_size(t);
-        memcpy(xs.data(), xq.data() + bsz, xq.size() - bsz);
-        memcpy(xs.data() + xq.size() - bsz, xq.data(), bsz);
+        const std::vector<uint8_t> xs = rotate_blocks(xq, ggml_type_size(t));
         std::vector<float> bad = y0;
         mad_of(kern, t)((int) n, bad.data(), xs.data(), v);
         double worst_bad = 0.0;
