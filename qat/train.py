@@ -300,6 +300,22 @@ def freeze_all_but_s3d8(student: nn.Module) -> int:
     return n
 
 
+def param_groups(student: nn.Module, lr: float, s3d8_lr_scale: float = 1.0) -> list[dict[str, Any]]:
+    """The optimiser's parameter groups: the S3D8 master weights at ``lr * s3d8_lr_scale``, every other trainable
+    parameter at ``lr`` (one group when the scale is 1). A master moves by about the learning rate per Adam step,
+    and an S3D8 entry changes only when its weight vector crosses into another codebook cell, so from a start at
+    the cells' centres (``--init-from``) a larger step for the masters alone is what lets the indices move."""
+    from qat.student import QuantEmbedding, QuantLinear
+
+    s3d8 = {id(m.weight) for m in student.modules()
+            if isinstance(m, (QuantLinear, QuantEmbedding)) and m.spec.qtype == "s3d8"}
+    masters = [p for p in student.parameters() if p.requires_grad and id(p) in s3d8]
+    rest = [p for p in student.parameters() if p.requires_grad and id(p) not in s3d8]
+    if s3d8_lr_scale == 1.0:  # the parameters' own order, as checkpoints written before this option have it
+        return [{"params": [p for p in student.parameters() if p.requires_grad], "lr": lr}]
+    return [g for g in ({"params": masters, "lr": lr * s3d8_lr_scale}, {"params": rest, "lr": lr}) if g["params"]]
+
+
 def student_from_checkpoint(path: Path | dict[str, Any], teacher_dir: Path | None = None, *,
                             act_quant: bool = True) -> nn.Module:
     """The student of a checkpoint file or of one already loaded by :func:`load_checkpoint` (frozen codebooks,
@@ -469,6 +485,9 @@ def train(args: argparse.Namespace) -> list[float]:
     ck = load_checkpoint(ck_path) if resume else None
     if ck is not None and ck["steps"] != args.steps:
         raise TrainError(f"{ck_path}: written for --steps {ck['steps']}, not {args.steps} (the schedule depends on it)")
+    if ck is not None and float(ck.get("args", {}).get("s3d8_lr_scale", 1.0)) != args.s3d8_lr_scale:
+        raise TrainError(f"{ck_path}: written for --s3d8-lr-scale {ck['args'].get('s3d8_lr_scale', 1.0)}, "
+                         f"not {args.s3d8_lr_scale}")
     if ck is not None and ck.get("weight_format") != args.format:
         def what(f: str | None) -> str:
             return "the GGUF S3D8 student (no --format)" if f is None else f"--format {f}"
@@ -501,7 +520,7 @@ def train(args: argparse.Namespace) -> list[float]:
     teacher_net = SelectedLogits(teacher)
 
     lr = args.lr if args.lr is not None else default_lr(args.lr_bits)
-    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95),
+    opt = torch.optim.AdamW(param_groups(student, lr, args.s3d8_lr_scale), lr=lr, betas=(0.9, 0.95),
                             weight_decay=0.0)
     from qat.student import weights_stepped
 
@@ -634,6 +653,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequences per forward/backward on a rank; gradients are accumulated (default: the per-rank batch)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence, prompt included; longer ones are cut (default %(default)s)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 2^-(LR_BITS + 14))")
+    p.add_argument("--s3d8-lr-scale", type=float, default=1.0, metavar="F",
+                   help="learning rate of the S3D8 master weights = F x the peak learning rate (default "
+                        "%(default)s; > 1 lets the S3D8 entries of an --init-from start change within a short run)")
     p.add_argument("--lr-bits", type=float, default=3.0, help="bits b of the format in the default lr 2^-(b+14) (default %(default)s: 2^-17)")
     p.add_argument("--seed", type=int, default=0, help="seed of the codebook fit and the batch order (default %(default)s)")
     p.add_argument("--format", default=None, metavar="ID",

@@ -69,6 +69,7 @@ def main() -> int:
     add_run_options(p)
     p.add_argument("--run", type=Path, default=REPO / ".cache" / "qat-smollm2" / "run", help="training run folder")
     p.add_argument("--lr", type=float, default=None, help="default: qat.train's 2^-17")
+    p.add_argument("--s3d8-lr-scale", type=float, default=1.0, help="passed to qat.train")
     p.add_argument("--eval-ctx", type=int, default=256)
     p.add_argument("--eval-tokens", type=int, default=4096)
     p.add_argument("--train-only", choices=("all", "s3d8"), default="all", help="passed to qat.train")
@@ -105,6 +106,8 @@ def main() -> int:
         args += ["--lr", str(a.lr)]
     if a.init_from is not None:
         args += ["--init-from", str(a.init_from)]
+    if a.s3d8_lr_scale != 1.0:
+        args += ["--s3d8-lr-scale", str(a.s3d8_lr_scale)]
     t0 = time.time()
     if train_main(args) != 0:
         return 2

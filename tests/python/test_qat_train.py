@@ -149,6 +149,36 @@ def test_train_only_s3d8_freezes_the_rest(setup, straight, tmp_path) -> None:
     assert any(not torch.equal(first[k], teacher[k]) for k in first if k not in s3d8)  # the full run differs
 
 
+def test_s3d8_lr_scale_scales_the_first_step_of_the_s3d8_masters_only(setup, straight, tmp_path) -> None:
+    """--s3d8-lr-scale 4: the first Adam step (at the start, so the same gradients as an unscaled run) moves every
+    S3D8 master 4x as far and every other parameter bit for bit as far as the unscaled run; resuming with another
+    scale is refused (the optimiser's groups and the schedule depend on it)."""
+    runs = {}
+    for scale in ("1", "4"):
+        out = tmp_path / scale
+        assert main(_args(setup, out, "--stop-after", "1", "--s3d8-lr-scale", scale)) == 0
+        runs[scale] = load_checkpoint(out / "checkpoint.pt")
+    ck = runs["4"]
+    teacher = load_teacher(setup[0]).state_dict()
+    s3d8_ptrs = {ck["model"][s["hf_name"]].data_ptr() for s in ck["specs"].values() if s["qtype"] == "s3d8"}
+    s3d8 = {k for k, v in ck["model"].items() if v.data_ptr() in s3d8_ptrs}
+    assert s3d8 and set(ck["model"]) - s3d8
+    for k, w0 in teacher.items():
+        w1, w4 = runs["1"]["model"][k].double(), ck["model"][k].double()
+        if k not in s3d8:
+            assert torch.equal(runs["1"]["model"][k], ck["model"][k]), k
+            continue
+        d1, d4 = w1 - w0.double(), w4 - w0.double()
+        # both displacements are fp32 differences: each is off by at most one ulp of the weight (2^-23 |w|
+        # relative, doubled for the two roundings); elements that moved by less than 100 such ulps are not compared
+        ulp = 2.0 ** -22 * w0.double().abs().clamp_min(torch.finfo(torch.float32).tiny)
+        moved = d1.abs() > 100 * ulp
+        assert moved.float().mean() > 0.5, k
+        assert torch.all((d4[moved] - 4 * d1[moved]).abs() <= 5 * ulp[moved] + 0.05 * d1[moved].abs()), k
+        assert torch.allclose((d4[moved] / d1[moved]).median(), torch.tensor(4.0, dtype=torch.float64), rtol=1e-3), k
+    assert main(_args(setup, tmp_path / "4")) == 2  # resume without the option: refused
+
+
 def test_torchrun_two_ranks_match_single_process(setup, straight, tmp_path) -> None:
     """2 gloo ranks x micro-batch 2 vs one process accumulating two micro-batches of 2.
 
@@ -238,7 +268,7 @@ def test_cli_errors(setup, tmp_path, capsys) -> None:
     p = subprocess.run([sys.executable, "-m", "qat.train", "--help"], cwd=REPO, capture_output=True, text=True)
     for opt in ("--teacher", "--data", "--out", "--steps", "--batch", "--micro-batch", "--seq-len", "--lr",
                 "--lr-bits", "--seed", "--fallback-type", "--grad-checkpointing", "--resume", "--stop-after",
-                "--parallel"):
+                "--parallel", "--s3d8-lr-scale"):
         assert opt in p.stdout
 
 
