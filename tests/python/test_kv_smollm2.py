@@ -85,22 +85,46 @@ def test_kv_cache_type_keeps_the_text(base: dict[str, Path], k: str, v: str) -> 
     assert got_kld <= max_kld and got_top >= min_top, f"K {k} V {v}: KLD {got_kld}, same top {got_top} %"
 
 
-PROMPT = "Explain in a few sentences how photosynthesis works."
-# the F16 cache's greedy answer begins "Photosynthesis is a vital process that occurs in plants, algae, ..."
-TOPIC = ("plants", "light", "sunlight", "energy", "glucose", "carbon", "oxygen", "chlorophyll")
+# The decode path: one token per llama_decode (-ub 1), as in generation, teacher-forced on one 256-token chunk
+# against the F16 cache decoded the same way. (Comparing free-running greedy llama-cli text instead, as this test
+# first did, hinged on near ties: on a later build the TQ3_0 answer forked after "Photosynthesis is a vital
+# process that occurs in plants, algae, and some" into a repetition naming one topic word, and the test failed.)
+# Measured at this commit (x86 AVX512, 2 x 256 tokens; the test scores one chunk, standard errors about 0.03 and
+# 3 points): TQ3_0 K+V 0.181, 83.5 %; Q4_HQQ K+V 0.0388, 91.7 %. The bounds leave 2.5x on the KLD, 8-12 points.
+DECODE_BOUNDS = {("tq3_0", "tq3_0"): (0.45, 71.0), ("q4_hqq", "q4_hqq"): (0.10, 84.0)}
 
 
-@pytest.mark.parametrize(("k", "v"), [("tq3_0", "tq3_0")])   # the 3-bit K the write-up's bug broke
-def test_greedy_answer_stays_on_topic(base: dict[str, Path], k: str, v: str) -> None:
-    """Greedy llama-cli answers stay coherent. A 135M model's free-running greedy text forks from the F16
-    cache's after a few words with any 4- or 3-bit cache (Q4_0 included), so the check is the confident
-    opening (the first three words) and the topic, which a broken K or V path (gibberish) does not keep."""
-    r = run([tool("llama-cli"), "-m", str(base["model"]), "-p", PROMPT, "-n", "32", "-st", "--temp", "0",
-             "-t", THREADS, "-c", "256", "-fa", "on", "-ctk", k, "-ctv", v])
+@pytest.fixture(scope="module")
+def decode_base(base: dict[str, Path]) -> Path:
+    logits = base["logits"].with_name("f16-cache-decode.kld")
+    r = run([tool("llama-perplexity"), "-m", str(base["model"]), "-f", str(base["text"]), "-c", CTX,
+             "--chunks", "1", "-ub", "1", "-t", THREADS, "-fa", "on", "--kl-divergence-base", str(logits)])
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    answer = r.stdout.split(f"> {PROMPT}", 1)[-1].split("[ Prompt:", 1)[0].strip()
-    assert answer.split()[:3] == ["Photosynthesis", "is", "a"], answer
-    assert sum(w in answer.lower() for w in TOPIC) >= 3, answer
+    return logits
+
+
+@pytest.mark.parametrize(("k", "v"), list(DECODE_BOUNDS), ids=[f"K-{k}-V-{v}" for k, v in DECODE_BOUNDS])
+def test_decode_path_keeps_the_text(base: dict[str, Path], decode_base: Path, k: str, v: str) -> None:
+    """Token-by-token decoding with a quantised cache (the generation path; the 3-bit K is the one the
+    write-up's bug broke) keeps the F16 cache's predictions, teacher-forced: a broken K or V path gives
+    several nats and near-chance agreement."""
+    max_kld, min_top = DECODE_BOUNDS[(k, v)]
+    r = run([tool("llama-perplexity"), "-m", str(base["model"]), "-f", str(base["text"]), "-c", CTX,
+             "--chunks", "1", "-ub", "1", "-t", THREADS, "-fa", "on", "-ctk", k, "-ctv", v,
+             "--kl-divergence-base", str(decode_base), "--kl-divergence"])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    result = llama_perplexity.parse(r.stdout + r.stderr, kld=True)
+    assert result.kld <= max_kld and result.same_top >= min_top, f"K {k} V {v}: {result.kld}, {result.same_top} %"
+
+
+def test_llama_cli_generates_with_a_3_bit_cache(base: dict[str, Path]) -> None:
+    """llama-cli runs a chat turn with TQ3_0 K and V caches and prints an answer (what it says is the decode
+    test's business: free-running greedy text forks at near ties)."""
+    prompt = "Explain in a few sentences how photosynthesis works."
+    r = run([tool("llama-cli"), "-m", str(base["model"]), "-p", prompt, "-n", "16", "-st", "--temp", "0",
+             "-t", THREADS, "-c", "256", "-fa", "on", "-ctk", "tq3_0", "-ctv", "tq3_0"])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert r.stdout.split(f"> {prompt}", 1)[-1].split("[ Prompt:", 1)[0].strip(), r.stdout[-3000:]
 
 
 def test_rotation_off_works(base: dict[str, Path]) -> None:
