@@ -280,6 +280,17 @@ def start_from_file(student: nn.Module, path: Path, *, announce: bool = True, te
     return done
 
 
+def s3d8_weights(student: nn.Module) -> list[torch.Tensor]:
+    """The master weights of the student's S3D8 matrices (a tied embedding / LM head once)."""
+    from qat.student import QuantEmbedding, QuantLinear
+
+    found: dict[int, torch.Tensor] = {}
+    for m in student.modules():
+        if isinstance(m, (QuantLinear, QuantEmbedding)) and m.spec.qtype == "s3d8":
+            found.setdefault(id(m.weight), m.weight)
+    return list(found.values())
+
+
 def freeze_all_but_s3d8(student: nn.Module) -> int:
     """Keep only the S3D8 weights trainable (a cheaper ablation of the recipe, which trains every parameter).
 
@@ -287,14 +298,11 @@ def freeze_all_but_s3d8(student: nn.Module) -> int:
     quantisation plus the forward/backward; the export is unchanged (frozen weights are the teacher's).
     Returns the number of trainable parameters.
     """
-    from qat.student import QuantEmbedding, QuantLinear
-
     student.requires_grad_(False)
     n = 0
-    for m in student.modules():
-        if isinstance(m, (QuantLinear, QuantEmbedding)) and m.spec.qtype == "s3d8":
-            m.weight.requires_grad_(True)
-            n += m.weight.numel()
+    for w in s3d8_weights(student):
+        w.requires_grad_(True)
+        n += w.numel()
     if n == 0:
         raise TrainError("--train-only s3d8: the student has no S3D8 weight")
     return n
@@ -305,14 +313,12 @@ def param_groups(student: nn.Module, lr: float, s3d8_lr_scale: float = 1.0) -> l
     parameter at ``lr`` (one group when the scale is 1). A master moves by about the learning rate per Adam step,
     and an S3D8 entry changes only when its weight vector crosses into another codebook cell, so from a start at
     the cells' centres (``--init-from``) a larger step for the masters alone is what lets the indices move."""
-    from qat.student import QuantEmbedding, QuantLinear
-
-    s3d8 = {id(m.weight) for m in student.modules()
-            if isinstance(m, (QuantLinear, QuantEmbedding)) and m.spec.qtype == "s3d8"}
-    masters = [p for p in student.parameters() if p.requires_grad and id(p) in s3d8]
-    rest = [p for p in student.parameters() if p.requires_grad and id(p) not in s3d8]
+    trainable = [p for p in student.parameters() if p.requires_grad]
     if s3d8_lr_scale == 1.0:  # the parameters' own order, as checkpoints written before this option have it
-        return [{"params": [p for p in student.parameters() if p.requires_grad], "lr": lr}]
+        return [{"params": trainable, "lr": lr}]
+    s3d8 = {id(w) for w in s3d8_weights(student)}
+    masters = [p for p in trainable if id(p) in s3d8]
+    rest = [p for p in trainable if id(p) not in s3d8]
     return [g for g in ({"params": masters, "lr": lr * s3d8_lr_scale}, {"params": rest, "lr": lr}) if g["params"]]
 
 
@@ -485,9 +491,9 @@ def train(args: argparse.Namespace) -> list[float]:
     ck = load_checkpoint(ck_path) if resume else None
     if ck is not None and ck["steps"] != args.steps:
         raise TrainError(f"{ck_path}: written for --steps {ck['steps']}, not {args.steps} (the schedule depends on it)")
-    if ck is not None and float(ck.get("args", {}).get("s3d8_lr_scale", 1.0)) != args.s3d8_lr_scale:
-        raise TrainError(f"{ck_path}: written for --s3d8-lr-scale {ck['args'].get('s3d8_lr_scale', 1.0)}, "
-                         f"not {args.s3d8_lr_scale}")
+    ck_scale = float(ck.get("args", {}).get("s3d8_lr_scale", 1.0)) if ck is not None else args.s3d8_lr_scale
+    if ck_scale != args.s3d8_lr_scale:
+        raise TrainError(f"{ck_path}: written for --s3d8-lr-scale {ck_scale}, not {args.s3d8_lr_scale}")
     if ck is not None and ck.get("weight_format") != args.format:
         def what(f: str | None) -> str:
             return "the GGUF S3D8 student (no --format)" if f is None else f"--format {f}"

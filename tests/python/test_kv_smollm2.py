@@ -54,11 +54,13 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"model": model, "text": text, "logits": logits}
 
 
-def kld(base: dict[str, Path], k: str, v: str, env: dict[str, str] | None = None) -> tuple[float, float]:
-    """Mean KLD (nats) and same-top-token share (%) of a K/V cache type pair against the F16 cache."""
+def kld(base: dict[str, Path], k: str, v: str, env: dict[str, str] | None = None, *, logits: Path | None = None,
+        chunks: str = CHUNKS, extra: tuple[str, ...] = ()) -> tuple[float, float]:
+    """Mean KLD (nats) and same-top-token share (%) of a K/V cache type pair against the F16 cache's logits
+    (``base["logits"]`` unless given; ``chunks`` and ``extra`` options as that base was made with)."""
     r = run([tool("llama-perplexity"), "-m", str(base["model"]), "-f", str(base["text"]), "-c", CTX,
-             "--chunks", CHUNKS, "-t", THREADS, "-fa", "on", "-ctk", k, "-ctv", v,
-             "--kl-divergence-base", str(base["logits"]), "--kl-divergence"], env)
+             "--chunks", chunks, *extra, "-t", THREADS, "-fa", "on", "-ctk", k, "-ctv", v,
+             "--kl-divergence-base", str(logits or base["logits"]), "--kl-divergence"], env)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     result = llama_perplexity.parse(out, kld=True)
@@ -91,6 +93,7 @@ def test_kv_cache_type_keeps_the_text(base: dict[str, Path], k: str, v: str) -> 
 # process that occurs in plants, algae, and some" into a repetition naming one topic word, and the test failed.)
 # Measured at this commit (x86 AVX512, 2 x 256 tokens; the test scores one chunk, standard errors about 0.03 and
 # 3 points): TQ3_0 K+V 0.181, 83.5 %; Q4_HQQ K+V 0.0388, 91.7 %. The bounds leave 2.5x on the KLD, 8-12 points.
+DECODE = ("-ub", "1")
 DECODE_BOUNDS = {("tq3_0", "tq3_0"): (0.45, 71.0), ("q4_hqq", "q4_hqq"): (0.10, 84.0)}
 
 
@@ -98,7 +101,7 @@ DECODE_BOUNDS = {("tq3_0", "tq3_0"): (0.45, 71.0), ("q4_hqq", "q4_hqq"): (0.10, 
 def decode_base(base: dict[str, Path]) -> Path:
     logits = base["logits"].with_name("f16-cache-decode.kld")
     r = run([tool("llama-perplexity"), "-m", str(base["model"]), "-f", str(base["text"]), "-c", CTX,
-             "--chunks", "1", "-ub", "1", "-t", THREADS, "-fa", "on", "--kl-divergence-base", str(logits)])
+             "--chunks", "1", *DECODE, "-t", THREADS, "-fa", "on", "--kl-divergence-base", str(logits)])
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     return logits
 
@@ -109,12 +112,8 @@ def test_decode_path_keeps_the_text(base: dict[str, Path], decode_base: Path, k:
     write-up's bug broke) keeps the F16 cache's predictions, teacher-forced: a broken K or V path gives
     several nats and near-chance agreement."""
     max_kld, min_top = DECODE_BOUNDS[(k, v)]
-    r = run([tool("llama-perplexity"), "-m", str(base["model"]), "-f", str(base["text"]), "-c", CTX,
-             "--chunks", "1", "-ub", "1", "-t", THREADS, "-fa", "on", "-ctk", k, "-ctv", v,
-             "--kl-divergence-base", str(decode_base), "--kl-divergence"])
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    result = llama_perplexity.parse(r.stdout + r.stderr, kld=True)
-    assert result.kld <= max_kld and result.same_top >= min_top, f"K {k} V {v}: {result.kld}, {result.same_top} %"
+    got_kld, got_top = kld(base, k, v, logits=decode_base, chunks="1", extra=DECODE)
+    assert got_kld <= max_kld and got_top >= min_top, f"K {k} V {v}: KLD {got_kld}, same top {got_top} %"
 
 
 def test_llama_cli_generates_with_a_3_bit_cache(base: dict[str, Path]) -> None:

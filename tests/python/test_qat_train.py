@@ -119,6 +119,12 @@ def _torchrun(setup: tuple[Path, Path], out: Path, *extra: str, script: Path | N
     return out / "checkpoint.pt"
 
 
+def _s3d8_keys(ck: dict) -> set[str]:
+    """The state-dict keys of a checkpoint's S3D8 weights (a tied lm_head included: same storage)."""
+    ptrs = {ck["model"][s["hf_name"]].data_ptr() for s in ck["specs"].values() if s["qtype"] == "s3d8"}
+    return {k for k, v in ck["model"].items() if v.data_ptr() in ptrs}
+
+
 def test_training_lowers_the_loss(straight) -> None:
     losses = load_checkpoint(straight)["losses"]
     assert len(losses) == 4 and all(np.isfinite(losses))
@@ -138,8 +144,7 @@ def test_train_only_s3d8_freezes_the_rest(setup, straight, tmp_path) -> None:
     ck = load_checkpoint(tmp_path / "checkpoint.pt")
     first = _state(straight)  # a full run: everything it trains differs from the teacher
     teacher = load_teacher(setup[0]).state_dict()
-    s3d8_ptrs = {ck["model"][s["hf_name"]].data_ptr() for s in ck["specs"].values() if s["qtype"] == "s3d8"}
-    s3d8 = {k for k, v in ck["model"].items() if v.data_ptr() in s3d8_ptrs}  # tied lm_head included
+    s3d8 = _s3d8_keys(ck)  # tied lm_head included
     assert s3d8 and all(np.isfinite(ck["losses"]))
     for k, v in ck["model"].items():
         if k in s3d8:
@@ -160,8 +165,7 @@ def test_s3d8_lr_scale_scales_the_first_step_of_the_s3d8_masters_only(setup, str
         runs[scale] = load_checkpoint(out / "checkpoint.pt")
     ck = runs["4"]
     teacher = load_teacher(setup[0]).state_dict()
-    s3d8_ptrs = {ck["model"][s["hf_name"]].data_ptr() for s in ck["specs"].values() if s["qtype"] == "s3d8"}
-    s3d8 = {k for k, v in ck["model"].items() if v.data_ptr() in s3d8_ptrs}
+    s3d8 = _s3d8_keys(ck)
     assert s3d8 and set(ck["model"]) - s3d8
     for k, w0 in teacher.items():
         w1, w4 = runs["1"]["model"][k].double(), ck["model"][k].double()
