@@ -4,6 +4,8 @@
 //    {1, 2, 3, 7, 8, 16, 17, 128} and 1..4 threads, a broadcast batch (src0 with 2 slices, src1 with
 //    4), the reference (use_ref) kernels, and a view that selects one slice of a 3-D tensor
 //  - MUL_MAT_ID (one container per expert) and GET_ROWS (incl. 3-D expert tensors)
+//    (these kernel tests run on containers with random codebooks written by ggml_s3d8_encode: any
+//    valid container must match the reference, and no codebook fit keeps the test fast under QEMU)
 //  - the quantizer: ggml_quantize_chunk output validates, decodes to the nearest codebook entries
 //    and is deterministic; the quantization error is small
 //  - supports_op: unsupported uses of S3D8 (other ops, partial views, F16 activations) are refused
@@ -22,6 +24,21 @@ static std::vector<uint8_t> quantize(const std::vector<float> & w, int64_t n, in
     std::vector<uint8_t> q(slice_size(k, n));
     const size_t r = ggml_quantize_chunk(GGML_TYPE_S3D8, w.data(), q.data(), 0, n, k, nullptr);
     S3D8T_CHECK(r == q.size(), "ggml_quantize_chunk returned %zu, want %zu", r, q.size());
+    return q;
+}
+
+// a container of w with a random codebook (entry 0 the extreme 127s, entry 1 zeros), written by
+// ggml_s3d8_encode: the kernel tests below check any valid container against the integer reference,
+// and skipping the codebook fit keeps them fast under QEMU (the encoder has its own test_quantizer)
+static std::vector<uint8_t> encode_random_codebook(std::mt19937 & rng, const std::vector<float> & w, int64_t n, int64_t k) {
+    uint8_t cb[GGML_S3D8_N_CODES * 3];
+    std::uniform_int_distribution<int> ud(0, 127);
+    for (int i = 0; i < GGML_S3D8_N_CODES * 3; ++i) {
+        cb[i] = (uint8_t) (i < 3 ? 127 : i < 6 ? 0 : ud(rng));
+    }
+    std::vector<uint8_t> q(slice_size(k, n));
+    ggml_s3d8_encode(w.data(), n, k, cb, q.data());
+    S3D8T_CHECK(ggml_validate_row_data(GGML_TYPE_S3D8, q.data(), q.size()), "ggml_s3d8_encode wrote an invalid container");
     return q;
 }
 
@@ -59,8 +76,7 @@ static std::vector<float> run_mul_mat(const std::vector<uint8_t> & q, int64_t k,
 static void test_mul_mat(std::mt19937 & rng, int64_t k, int64_t n, bool quick) {
     printf("MUL_MAT k=%lld n=%lld (n %% 3 = %lld)\n", (long long) k, (long long) n, (long long) (n % 3));
     const auto w = random_weights(rng, n, k);
-    const auto q = quantize(w, n, k);
-    S3D8T_CHECK(ggml_validate_row_data(GGML_TYPE_S3D8, q.data(), q.size()), "quantized container does not validate");
+    const auto q = encode_random_codebook(rng, w, n, k);
     const decoded d = decode(q.data(), k, n);
 
     const std::vector<int64_t> ms = quick ? std::vector<int64_t>{ 1, 2, 7, 17 } : std::vector<int64_t>{ 1, 2, 3, 7, 8, 16, 17, 128 };
@@ -88,7 +104,7 @@ static void test_mul_mat_batched(std::mt19937 & rng) {
     std::vector<decoded> ds;
     for (int s = 0; s < 2; ++s) {
         const auto w = random_weights(rng, n, k);
-        const auto qs = quantize(w, n, k);
+        const auto qs = encode_random_codebook(rng, w, n, k);
         q.insert(q.end(), qs.begin(), qs.end());
         ds.push_back(decode(qs.data(), k, n));
     }
@@ -113,7 +129,7 @@ static void test_mul_mat_id(std::mt19937 & rng) {
             std::vector<uint8_t> q;
             std::vector<decoded> ds;
             for (int e = 0; e < n_as; ++e) {
-                const auto qs = quantize(random_weights(rng, n, k), n, k);
+                const auto qs = encode_random_codebook(rng, random_weights(rng, n, k), n, k);
                 q.insert(q.end(), qs.begin(), qs.end());
                 ds.push_back(decode(qs.data(), k, n));
             }
@@ -157,7 +173,7 @@ static void test_get_rows(std::mt19937 & rng) {
     std::vector<uint8_t> q;
     std::vector<decoded> ds;
     for (int s = 0; s < n_sl; ++s) {
-        const auto qs = quantize(random_weights(rng, n, k), n, k);
+        const auto qs = encode_random_codebook(rng, random_weights(rng, n, k), n, k);
         q.insert(q.end(), qs.begin(), qs.end());
         ds.push_back(decode(qs.data(), k, n));
     }
@@ -310,7 +326,7 @@ static void test_supports_and_views(std::mt19937 & rng) {
     std::vector<uint8_t> q;
     std::vector<decoded> ds;
     for (int s = 0; s < 2; ++s) {
-        const auto qs = quantize(random_weights(rng, n, k), n, k);
+        const auto qs = encode_random_codebook(rng, random_weights(rng, n, k), n, k);
         q.insert(q.end(), qs.begin(), qs.end());
         ds.push_back(decode(qs.data(), k, n));
     }
@@ -343,7 +359,7 @@ static void test_supports_and_views(std::mt19937 & rng) {
 static void test_validation(std::mt19937 & rng) {
     printf("validation of corrupted containers\n");
     const int64_t k = 2048, n = 102; // has both padding after the scales and after the body
-    const auto q = quantize(random_weights(rng, n, k), n, k);
+    const auto q = encode_random_codebook(rng, random_weights(rng, n, k), n, k);
     S3D8T_CHECK(ggml_validate_row_data(GGML_TYPE_S3D8, q.data(), q.size()), "valid container rejected");
 
     struct corruption { const char * what; size_t ofs; uint8_t val; };

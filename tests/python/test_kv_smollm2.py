@@ -91,9 +91,13 @@ def test_kv_cache_type_keeps_the_text(base: dict[str, Path], k: str, v: str) -> 
 # against the F16 cache decoded the same way. (Comparing free-running greedy llama-cli text instead, as this test
 # first did, hinged on near ties: on a later build the TQ3_0 answer forked after "Photosynthesis is a vital
 # process that occurs in plants, algae, and some" into a repetition naming one topic word, and the test failed.)
-# Measured at this commit (x86 AVX512, 2 x 256 tokens; the test scores one chunk, standard errors about 0.03 and
-# 3 points): TQ3_0 K+V 0.181, 83.5 %; Q4_HQQ K+V 0.0388, 91.7 %. The bounds leave 2.5x on the KLD, 8-12 points.
+# Two chunks (256 scored tokens): one chunk alone is too few for a same-top bound - measured on one chunk
+# TQ3_0 K+V 0.208, 67.7 +- 4.2 % (AMD EPYC Zen 5, 2026-12-02), below the 71 % that was set against two chunks.
+# Measured on two chunks (same machine): TQ3_0 K+V 0.168, 79.9 +- 2.5 %; Q4_HQQ K+V 0.0335, 91.7 +- 1.7 %
+# (an earlier build: 0.181, 83.5 %; 0.0388, 91.7 %). The bounds leave 2.5x on the KLD and 3.5-4.5 standard
+# errors on the agreement.
 DECODE = ("-ub", "1")
+DECODE_CHUNKS = "2"
 DECODE_BOUNDS = {("tq3_0", "tq3_0"): (0.45, 71.0), ("q4_hqq", "q4_hqq"): (0.10, 84.0)}
 
 
@@ -101,7 +105,7 @@ DECODE_BOUNDS = {("tq3_0", "tq3_0"): (0.45, 71.0), ("q4_hqq", "q4_hqq"): (0.10, 
 def decode_base(base: dict[str, Path]) -> Path:
     logits = base["logits"].with_name("f16-cache-decode.kld")
     r = run([tool("llama-perplexity"), "-m", str(base["model"]), "-f", str(base["text"]), "-c", CTX,
-             "--chunks", "1", *DECODE, "-t", THREADS, "-fa", "on", "--kl-divergence-base", str(logits)])
+             "--chunks", DECODE_CHUNKS, *DECODE, "-t", THREADS, "-fa", "on", "--kl-divergence-base", str(logits)])
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     return logits
 
@@ -112,7 +116,7 @@ def test_decode_path_keeps_the_text(base: dict[str, Path], decode_base: Path, k:
     write-up's bug broke) keeps the F16 cache's predictions, teacher-forced: a broken K or V path gives
     several nats and near-chance agreement."""
     max_kld, min_top = DECODE_BOUNDS[(k, v)]
-    got_kld, got_top = kld(base, k, v, logits=decode_base, chunks="1", extra=DECODE)
+    got_kld, got_top = kld(base, k, v, logits=decode_base, chunks=DECODE_CHUNKS, extra=DECODE)
     assert got_kld <= max_kld and got_top >= min_top, f"K {k} V {v}: KLD {got_kld}, same top {got_top} %"
 
 
