@@ -15,6 +15,7 @@ tokens), for several k-means seeds:
               the codebook fit only (absmax scales, weight-space assignment: iw1 without an imatrix otherwise)
   colmaxs:P   as colmax:P, with iw1's whole search (clipped scales, weight-space Lloyd) on that importance
   outlier:T   no imatrix: u_j = 2^16 for columns whose largest |W_ij| is >= T std(W), 1 elsewhere (fit only)
+  imcol:P     u_j * (max_i |W_ij| / max |W|) ** P: the imatrix times the column-maximum weights
   scale:B     u_j as it is, integer column weights scaled to 2^B instead of iw1's 2^16 (fewer columns
               clamped to weight 1 where a few columns hold nearly all the importance)
 
@@ -38,7 +39,8 @@ import numpy as np
 from gguf_s3d8 import importance as iw1
 from gguf_s3d8 import series_gguf
 from gguf_s3d8.imatrix import read_imatrix
-from s3d8_fit_streams import MAIN_JOB, ROOT, kld
+# benchmarks/ is a folder of scripts, not a package: the script's own folder is sys.path[0] when it runs
+from s3d8_fit_streams import MAIN_JOB, ROOT, kld  # type: ignore[import-not-found]
 
 
 DATA_FREE = ("colmax", "colmaxs", "outlier")
@@ -65,6 +67,12 @@ def transform(u: np.ndarray, spec: str) -> np.ndarray:
     raise SystemExit(f"unknown transform {spec!r} (power:G or cap:R)")
 
 
+def combined(u: np.ndarray, w: np.ndarray, spec: str) -> np.ndarray:
+    r = np.maximum(w.max(axis=0), -w.min(axis=0)).astype(np.float64)
+    r = r / r.max()
+    return (u.astype(np.float64) * r ** float(spec.partition(":")[2])).astype(np.float32)
+
+
 def _encode(args: tuple[np.ndarray, np.ndarray | None, int, str, str]) -> np.ndarray:
     w, u, seed, name, spec = args
     kind, _, arg = spec.partition(":")
@@ -84,7 +92,7 @@ def reencode(model: Path, f16: Path, imatrix: Path, spec: str, seed: int, jobs: 
     im = read_imatrix(imatrix)
     dst = gguf.GGUFReader(model, "r+")
     todo = [t for t in dst.tensors if t.name.endswith("ffn_down.weight")]
-    work = []
+    work: list[tuple[np.ndarray, np.ndarray | None, int, str, str]] = []
     for t in todo:
         w = np.array(src[t.name].data, dtype=np.float32)
         if spec == "none":
@@ -96,6 +104,9 @@ def reencode(model: Path, f16: Path, imatrix: Path, spec: str, seed: int, jobs: 
         u = im.for_tensor(t.name, w.shape[1])
         if u is None:
             sys.exit(f"{imatrix} has no entry for {t.name}")
+        if spec.startswith("imcol:"):
+            work.append((w, combined(u.reshape(-1), w, spec), seed, t.name, spec))
+            continue
         work.append((w, transform(u.reshape(-1), spec), seed, t.name, spec))
     with ProcessPoolExecutor(jobs) as pool:
         for t, container in zip(todo, pool.map(_encode, work)):

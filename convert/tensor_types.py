@@ -144,8 +144,8 @@ S3D8_ENCODERS: Final[tuple[str, ...]] = ("iw1", "reference")
 class S3D8Options:
     """Codec options for ``--type s3d8`` (None = the codec's default).
 
-    ``encoder``: ``iw1`` (gguf_s3d8.importance, what llama-quantize runs; uses ``imatrix`` when given, uniform
-    importance otherwise) or ``reference`` (format §1's reference encoder: absmax scales, plain MSE fit).
+    ``encoder``: ``iw1`` (gguf_s3d8.importance, what llama-quantize runs; uses ``imatrix`` when given, the
+    column-maximum weights otherwise) or ``reference`` (format §1's reference encoder: absmax scales, plain MSE fit).
     ``codebooks``: frozen per-tensor codebooks (GGUF name -> (32, 3) uint8, from a QAT checkpoint) used instead
     of fitting, with the reference encoder's absmax scales (what QAT's fake quantiser computes) - or, where
     ``scales`` (GGUF name -> (n,) bf16 bits) has the tensor too, with those frozen scales and the weight-space
@@ -207,7 +207,7 @@ def _encode_s3d8(w: np.ndarray, name: str, s3d8: S3D8Options, codec: ModuleType)
 
         imp = None if s3d8.imatrix is None else s3d8.imatrix.for_tensor(name, w.shape[-1], n_slices)  # type: ignore[attr-defined]
         if s3d8.imatrix is not None and imp is None:
-            print(f"warning: the imatrix has no entry for {name}: S3D8 with uniform importance (as llama-quantize)",
+            print(f"warning: the imatrix has no entry for {name}: S3D8 with the column-maximum weights (as llama-quantize)",
                   file=sys.stderr)
         out = [quantize_s3d8_importance(a, None if imp is None else imp[e], name=label(e), seed=s3d8.seed, **rule)
                for e, a in enumerate(slices)]

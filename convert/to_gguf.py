@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--imatrix", type=Path, metavar="FILE", default=None,
                    help="importance matrix from llama-imatrix (GGUF or legacy .dat) for the S3D8 encoder: the "
                         "codebook and scales then minimise the error weighted by each input column's importance "
-                        "(the same bytes as llama-quantize --imatrix); tensors it lacks get uniform importance")
+                        "(the same bytes as llama-quantize --imatrix); without it, and for tensors it lacks, the "
+                        "encoder weights each column by its largest weight (data-free, see docs/codec.md)")
     p.add_argument("--encoder", choices=S3D8_ENCODERS, default="iw1",
                    help="S3D8 encoder: iw1 = importance-aware search (with or without --imatrix; what "
                         "llama-quantize runs), reference = the format's reference encoder (absmax scales, plain "

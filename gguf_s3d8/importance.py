@@ -41,7 +41,7 @@ Without an importance (None, or all zero) every step runs with the column-maximu
 2026-12-03 the weights were uniform there and steps 3-4 were skipped - with uniform weights the clipped scales
 and the weight-space Lloyd minimise the plain weight MSE, which made SmolLM2 worse: KLD 1.85 against 1.04 of the
 reference encoder.) The column-maximum weights take SmolLM2 from KLD 1.06-1.71 (uniform weights, three k-means
-seeds) to 0.51-0.52 (docs/quality.md).
+seeds) to 0.51-0.61 over six seeds (docs/quality.md).
 
 ``llama-quantize --imatrix`` (``quantize_s3d8`` in ggml, patch ggml-add-GGML_TYPE_S3D8-type-traits-validation-and-q) runs the same algorithm; the two give
 byte-identical containers (tests/python/test_codec_importance.py compares them on real tensors).

