@@ -191,7 +191,7 @@ def plot(rows: list[Variant], path: Path) -> None:
                    marker="s" if " lq" in v.name else "^" if "GPTQ" in v.name else "o", zorder=3)
         ax.annotate(v.name, (bits, v.kld), textcoords="offset points", fontsize=8,
                     xytext=(6, -11) if " lq" in v.name else (-40, 6) if v.name.startswith("Q2_K+")
-                    else (-48, -12) if v.name.startswith("IQ2_S") else (6, 4))
+                    else (-48, -12) if v.name.startswith("IQ2_S") else (6, 10) if v.name == "S3D8" else (6, 4))
     ax.set_yscale("log")
     ax.set_xlabel("bits per weight of the 30 ffn_down tensors (Q8_0 elsewhere in every variant)")
     ax.set_ylabel("KLD vs f16 (24 x 512 held-out tokens)")
