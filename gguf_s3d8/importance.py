@@ -4,7 +4,8 @@ A post-training encoder that uses an importance matrix (``llama-imatrix``: the m
 of every input column j, ``u_j``) to minimise the error that matters for the layer's output,
 ``sum_ij u_j (W_ij - W~_ij)^2``, instead of the plain weight MSE of the reference encoder. The decoder,
 container and kernels are untouched: only the encoder's free choices (codebook, scales, indices) change.
-Without an imatrix every ``u_j`` is 1, i.e. the same search for the plain weight-space MSE.
+Without an imatrix the same search runs with a data-free importance from the columns' largest weights
+(step 1).
 
 Steps, one matrix (n rows, k columns; rows grouped in triples, padding rows zero):
 
@@ -16,8 +17,8 @@ Steps, one matrix (n rows, k columns; rows grouped in triples, padding rows zero
    in C and numpy.
 2. **Importance-weighted codebook fit**: the reference fit (format §1: absmax scales, training points
    ``rule(|w'|)`` over *all* 3-vectors, k-means++ then Lloyd) where the point of triple p, column j counts
-   ``v_j`` times; it stops at <= 1e-2 of the weight changing cluster (``IMPORTANCE_FIT_CHANGE_THRESHOLD``). k-means++ draws from
-   splitmix64 (seeded), Lloyd assigns in fp32 (``t = x - c``, ``d = (t0^2 + t1^2) + t2^2``, ties to the lowest
+   ``v_j`` times; it stops at <= 1e-2 of the weight changing cluster (``IMPORTANCE_FIT_CHANGE_THRESHOLD``).
+   k-means++ draws from splitmix64 (seeded), Lloyd assigns in fp32 (``t = x - c``, ``d = (t0^2 + t1^2) + t2^2``, ties to the lowest
    index) and takes exact integer means: the same arithmetic as ``ggml_s3d8_fit_codebook`` in C (which skips
    provably unchanged points with Hamerly's bounds; that never changes a label).
 3. **Per-triple scale search**: for a clip factor ``c_t = (50 - t) / 50`` (fp32), ``t`` in ``0 ..
