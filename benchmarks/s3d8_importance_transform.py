@@ -64,7 +64,7 @@ def transform(u: np.ndarray, spec: str) -> np.ndarray:
         return u
     if kind == "cap":
         return np.minimum(u64, x * float(np.median(u64))).astype(np.float32)
-    raise SystemExit(f"unknown transform {spec!r} (power:G or cap:R)")
+    raise SystemExit(f"unknown transform {spec!r} (see --help)")
 
 
 def combined(u: np.ndarray, w: np.ndarray, spec: str) -> np.ndarray:
@@ -116,7 +116,8 @@ def reencode(model: Path, f16: Path, imatrix: Path, spec: str, seed: int, jobs: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--transform", default="power:1", help="power:G or cap:R (default: power:1 = iw1 as it is)")
+    ap.add_argument("--transform", default="power:1", help="none, power:G, cap:R, colmax:P, colmaxs:P, outlier:T, imcol:P or scale:B (see above; "
+                    "default: power:1 = iw1 with the imatrix as it is)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--jobs", type=int, default=2, help="processes encoding matrices in parallel")
     ap.add_argument("--bin-dir", type=Path, default=ROOT / "build" / "host" / "bin")

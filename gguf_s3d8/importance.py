@@ -124,7 +124,7 @@ def column_weights(importance: npt.ArrayLike | None, k: int, *, name: str = "") 
     return np.maximum(v, 1.0).astype(np.int64)
 
 
-def column_max_weights(w: F32, power: int | None = None) -> I64:
+def column_max_weights(w: F32) -> I64:
     """Integer column weights without an imatrix (step 1'): ``v_j = max(1, rint(r_j^P * 2^16))`` with
     ``r_j = max_i |W_ij| / max_ij |W_ij|`` (float64, ``r^P`` as the product ``r * r * .. * r`` left to right),
     ``P = COLUMN_MAX_POWER``; all ones for an all-zero matrix.
@@ -134,7 +134,6 @@ def column_max_weights(w: F32, power: int | None = None) -> I64:
     dimension) are the largest of the matrix, 20-30 standard deviations against 10-15 for the other columns'
     largest (SmolLM2, docs/quality.md). Weighting the codebook fit by them keeps those columns exact.
     """
-    p = COLUMN_MAX_POWER if power is None else power
     k = w.shape[1]
     colmax = (np.maximum(w.max(axis=0), -w.min(axis=0)) if w.shape[0] else np.zeros(k, np.float32)).astype(np.float64)
     top = float(colmax.max()) if k else 0.0
@@ -142,7 +141,7 @@ def column_max_weights(w: F32, power: int | None = None) -> I64:
         return np.ones(k, dtype=np.int64)
     r = colmax / top
     x = r.copy()
-    for _ in range(p - 1):
+    for _ in range(COLUMN_MAX_POWER - 1):
         x = x * r
     return np.maximum(np.rint(x * float(IMPORTANCE_SCALE)), 1.0).astype(np.int64)
 
