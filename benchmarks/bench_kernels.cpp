@@ -26,6 +26,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
 using clk = std::chrono::steady_clock;
 
 static std::vector<std::string> split(const std::string & s, char sep) {
@@ -131,6 +135,102 @@ static double read_bandwidth(const std::vector<uint64_t> & buf, int n_threads, d
     return best;
 }
 
+// The int8 multiply-accumulate peak of one core: 24 independent vpdpbusd chains on registers (no
+// memory operands), enough to cover the instruction's latency on every port that executes it, written
+// as asm on register operands (compilers may keep such accumulators in memory and store
+// them every iteration, which would measure stores). Returns MACs per second of one thread, or 0 where
+// AVX512-VNNI is missing.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define VNNI_CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) \
+                       X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+constexpr int VNNI_N_CHAINS = 24;
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"), noinline))
+static uint32_t vnni_chains(int64_t iters, int8_t sv) {
+#define VNNI_INIT(i) __m512i a##i = _mm512_set1_epi32(i);
+#define VNNI_FOLD(i) r = _mm512_xor_si512(r, a##i);
+    VNNI_CHAINS(VNNI_INIT)
+    const __m512i u = _mm512_set1_epi8(3);
+    const __m512i s = _mm512_set1_epi8(sv);
+    for (int64_t it = 0; it < iters; ++it) {
+        // asm on register operands (two statements: at most 30 operands each): the compiler can neither
+        // fold the chains nor move them through memory
+        __asm__ volatile(
+            "vpdpbusd %[s], %[u], %[a0]\n\t"
+            "vpdpbusd %[s], %[u], %[a1]\n\t"
+            "vpdpbusd %[s], %[u], %[a2]\n\t"
+            "vpdpbusd %[s], %[u], %[a3]\n\t"
+            "vpdpbusd %[s], %[u], %[a4]\n\t"
+            "vpdpbusd %[s], %[u], %[a5]\n\t"
+            "vpdpbusd %[s], %[u], %[a6]\n\t"
+            "vpdpbusd %[s], %[u], %[a7]\n\t"
+            "vpdpbusd %[s], %[u], %[a8]\n\t"
+            "vpdpbusd %[s], %[u], %[a9]\n\t"
+            "vpdpbusd %[s], %[u], %[a10]\n\t"
+            "vpdpbusd %[s], %[u], %[a11]\n\t"
+            : [a0] "+v"(a0), [a1] "+v"(a1), [a2] "+v"(a2), [a3] "+v"(a3), [a4] "+v"(a4), [a5] "+v"(a5), [a6] "+v"(a6), [a7] "+v"(a7), [a8] "+v"(a8), [a9] "+v"(a9), [a10] "+v"(a10), [a11] "+v"(a11)
+            : [u] "v"(u), [s] "v"(s));
+        __asm__ volatile(
+            "vpdpbusd %[s], %[u], %[a12]\n\t"
+            "vpdpbusd %[s], %[u], %[a13]\n\t"
+            "vpdpbusd %[s], %[u], %[a14]\n\t"
+            "vpdpbusd %[s], %[u], %[a15]\n\t"
+            "vpdpbusd %[s], %[u], %[a16]\n\t"
+            "vpdpbusd %[s], %[u], %[a17]\n\t"
+            "vpdpbusd %[s], %[u], %[a18]\n\t"
+            "vpdpbusd %[s], %[u], %[a19]\n\t"
+            "vpdpbusd %[s], %[u], %[a20]\n\t"
+            "vpdpbusd %[s], %[u], %[a21]\n\t"
+            "vpdpbusd %[s], %[u], %[a22]\n\t"
+            "vpdpbusd %[s], %[u], %[a23]\n\t"
+            : [a12] "+v"(a12), [a13] "+v"(a13), [a14] "+v"(a14), [a15] "+v"(a15), [a16] "+v"(a16), [a17] "+v"(a17), [a18] "+v"(a18), [a19] "+v"(a19), [a20] "+v"(a20), [a21] "+v"(a21), [a22] "+v"(a22), [a23] "+v"(a23)
+            : [u] "v"(u), [s] "v"(s));
+    }
+    __m512i r = _mm512_setzero_si512();
+    VNNI_CHAINS(VNNI_FOLD)
+#undef VNNI_INIT
+#undef VNNI_FOLD
+    return (uint32_t) _mm512_reduce_add_epi32(r);
+}
+
+static double vnni_peak_one_thread(double min_time, uint64_t * sink) {
+    constexpr int64_t ITERS = 1 << 16;
+    double best = 0.0;
+    const auto t_end = clk::now() + std::chrono::duration<double>(min_time);
+    do {
+        const auto t0 = clk::now();
+        *sink += vnni_chains(ITERS, -5);
+        const double dt = std::chrono::duration<double>(clk::now() - t0).count();
+        best = std::max(best, (double) ITERS * VNNI_N_CHAINS * 64 / dt);
+    } while (clk::now() < t_end);
+    return best;
+}
+
+static double vnni_peak(int n_threads, double min_time) {
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) {
+        return 0.0;
+    }
+    std::vector<double> per(n_threads, 0.0);
+    std::vector<uint64_t> sinks(n_threads, 0);
+    std::vector<std::thread> th;
+    for (int t = 0; t < n_threads; ++t) {
+        th.emplace_back([&, t]() { per[t] = vnni_peak_one_thread(min_time, &sinks[t]); });
+    }
+    for (auto & t : th) {
+        t.join();
+    }
+    double sum = 0.0;
+    for (double v : per) {
+        sum += v;
+    }
+    return sum;
+}
+#else
+static double vnni_peak(int, double) {
+    return 0.0;
+}
+#endif
+
 int main(int argc, char ** argv) {
     std::string types_arg  = "f16,bf16,q8_0,s3d8,q4_0,q2_K,iq2_s,iq3_xxs";
     std::string shapes_arg = "1:4096:14336,128:4096:14336,1601:1280:5120";
@@ -179,6 +279,15 @@ int main(int argc, char ** argv) {
         }
         for (int nt : threads) {
             printf("{\"kind\": \"bandwidth\", \"threads\": %d, \"gbps\": %.3f, \"mib\": %d}\n", nt, read_bandwidth(buf, nt, min_time), bw_mib);
+            fflush(stdout);
+        }
+    }
+
+    // int8 VNNI peak, the same thread counts (the ceiling of the many-token kernels)
+    for (int nt : threads) {
+        const double p = vnni_peak(nt, min_time);
+        if (p > 0.0) {
+            printf("{\"kind\": \"vnni_peak\", \"threads\": %d, \"gmacs\": %.3f}\n", nt, p / 1e9);
             fflush(stdout);
         }
     }
