@@ -28,12 +28,28 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_kernels import BUILD, ROOT, cpu_name  # type: ignore[import-not-found]
+from bench_kernels import BUILD, ROOT, build_harness, cpu_name  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
 TYPES = ["q8_0", "q4_0", "q4_K", "iq4_nl", "q2_K", "iq2_s", "iq3_xxs", "tq2_0", "s3d8"]
 NEEDS_IMATRIX = {"iq2_s", "iq3_xxs", "iq2_xs", "iq2_xxs", "iq1_s", "iq1_m"}
 TARGETS = {"tg": {"q4_0": 1.6, "tq2_0": 1.3}, "pp": {"q4_0": 1.5}}
+VOCAB, HIDDEN = 49152, 4096
+Q8_0_BYTES_PER_WEIGHT = 34 / 32
+
+
+def streamed_bytes(file_size: int) -> float:
+    """Bytes a generated token reads: the whole file except the token embedding (one row of it is read)."""
+    return file_size - VOCAB * HIDDEN * Q8_0_BYTES_PER_WEIGHT
+
+
+def read_bandwidth(work: Path, threads: list[int]) -> dict[int, float]:
+    """The machine's streaming read bandwidth (GB/s) per thread count, by the kernel benchmark's harness."""
+    exe = build_harness(work)
+    proc = run([str(exe), "--types", "q8_0", "--shapes", "", "--threads", ",".join(map(str, threads))],
+               capture_output=True, text=True)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {int(r["threads"]): float(r["gbps"]) for r in rows if r["kind"] == "bandwidth"}
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -131,11 +147,13 @@ def main() -> int:
             models[ty], qsec[ty] = quantize(args.work, f16, ty, im if ty.lower() in NEEDS_IMATRIX else None, max(threads))
         load_before = os.getloadavg()[0]
         rows = bench([models[t] for t in types], threads, args.pp, args.tg, args.reps)
+        bandwidth = read_bandwidth(args.work, threads)
         result = {"date": str(datetime.date.today()), "cpu": cpu_name(), "cpus": os.cpu_count(), "layers": args.layers,
                   "types": types, "pp": args.pp, "tg": args.tg, "reps": args.reps, "threads": threads,
                   "load": [load_before, os.getloadavg()[0]], "quantize_seconds": qsec,
                   "sizes": {t: models[t].stat().st_size for t in types},
-                  "files": {t: models[t].name for t in types}, "rows": rows}
+                  "files": {t: models[t].name for t in types}, "rows": rows,
+                  "bandwidth_gbps": {str(n): bw for n, bw in bandwidth.items()}}
         raw.write_text(json.dumps(result, indent=1))
     write_report(json.loads(raw.read_text()), args)
     return 0
@@ -165,14 +183,24 @@ def write_report(result: dict, args: argparse.Namespace) -> None:
             "(stock types with llama.cpp's default runtime repacking; IQ types with an imatrix from llama-imatrix). "
             f"`llama-bench -p {pp} -n {tg} -t {','.join(map(str, threads))} -r {result['reps']}`: mean tokens/s "
             f"(± standard deviation over the repetitions). Raw results: `{_shown(args.work / 'bench_e2e.json')}`.", ""]
-    tab = ["| type | file MiB | quantize s | " + " | ".join(f"pp{pp} {n}t | tg{tg} {n}t" for n in threads) + " |",
-           "|---|---:|---:|" + "---:|---:|" * len(threads)]
+    bw = {int(n): v for n, v in result.get("bandwidth_gbps", {}).items()}
+    if bw:
+        head += ["Generation reads the whole file per token except the token embedding (one row); the `tg GB/s` "
+                 "columns are those bytes times tokens/s, as a fraction of the streaming read bandwidth measured "
+                 "after llama-bench in the same run (" + ", ".join(f"{bw[n]:.1f} GB/s with {n} thread{'s' if n > 1 else ''}"
+                                                               for n in sorted(bw)) + ").", ""]
+    tab = ["| type | file MiB | quantize s | " +
+           " | ".join(f"pp{pp} {n}t | tg{tg} {n}t" + (f" | tg GB/s {n}t" if n in bw else "") for n in threads) + " |",
+           "|---|---:|---:|" + "".join("---:|---:|" + ("---:|" if n in bw else "") for n in threads)]
     for ty in types:
         cells = []
         for n in threads:
             for ph in ("pp", "tg"):
                 m, sd = t.get((ty, ph, n), (float("nan"), 0.0))
                 cells.append(f"{m:.1f} ± {sd:.1f}")
+            if n in bw:
+                gbps = streamed_bytes(result["sizes"][ty]) * t.get((ty, "tg", n), (float("nan"), 0.0))[0] / 1e9
+                cells.append(f"{gbps:.1f} = {gbps / bw[n]:.0%}")
         tab.append(f"| {ty} | {result['sizes'][ty] / 2**20:.0f} | {result['quantize_seconds'][ty]:.0f} | " + " | ".join(cells) + " |")
     tgt = ["", "Targets (ratios within this run):", "", "| phase | threads | S3D8 / type | measured | target | met |",
            "|---|---:|---|---:|---:|---|"]

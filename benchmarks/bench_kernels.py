@@ -31,12 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 LLAMA = ROOT / "work" / "llama.cpp"
 BUILD = ROOT / "build" / "host"
 
-TYPES = ["f16", "bf16", "q8_0", "s3d8", "q4_0", "q2_K", "iq2_s", "iq3_xxs"]
+TYPES = ["f16", "bf16", "q8_0", "s3d8", "q4_0", "q2_K", "tq2_0", "iq2_s", "iq3_xxs"]
 # (m, k, n): tokens, inputs, outputs. The paper's shapes (1,4096,14336), (128,4096,14336) and
-# (1601,1280,5120), and the other Llama-3.2-11B-Vision projections at 1 and 128 tokens
+# (1601,1280,5120), and the other Llama-3.2-11B-Vision projections at 1 and 128 tokens; 4 tokens (4 parallel
+# sequences of llama-server, the few-token kernels) on the FFN shapes
 SHAPES = [
-    (1, 4096, 14336), (128, 4096, 14336),
-    (1, 14336, 4096), (128, 14336, 4096),
+    (1, 4096, 14336), (4, 4096, 14336), (128, 4096, 14336),
+    (1, 14336, 4096), (4, 14336, 4096), (128, 14336, 4096),
     (1, 4096, 4096), (128, 4096, 4096),
     (1, 4096, 1024), (128, 4096, 1024),
     (1, 1280, 5120), (1601, 1280, 5120),
@@ -44,15 +45,17 @@ SHAPES = [
 ]
 
 
-def build_harness(out: Path) -> Path:
-    lib = BUILD / "llama.cpp" / "ggml" / "src"
+def build_harness(out: Path, build: Path = BUILD) -> Path:
+    lib = build / "llama.cpp" / "ggml" / "src"
     libs = [lib / "libggml.a", lib / "libggml-cpu.a", lib / "libggml-base.a"]
     missing = [str(p) for p in libs if not p.exists()]
     if missing:
-        sys.exit(f"missing {missing}: build the host preset first (cmake --build --preset host)")
-    exe = out / "bench_kernels"
+        sys.exit(f"missing {missing}: build the {build.name} preset first (cmake --build --preset {build.name})")
+    exe = out / f"bench_kernels-{build.name}"
     cxx = os.environ.get("CXX", "g++")
-    cmd = [cxx, "-O2", "-std=c++17", "-fopenmp", f"-I{LLAMA / 'ggml' / 'include'}",
+    # -march=native: the bandwidth loop must be limited by memory, not by scalar loads (the kernels' own code
+    # is in the prebuilt libraries; the VNNI peak function selects its instructions itself)
+    cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-fopenmp", f"-I{LLAMA / 'ggml' / 'include'}",
            str(ROOT / "benchmarks" / "bench_kernels.cpp"), *map(str, libs), "-lpthread", "-lm", "-o", str(exe)]
     subprocess.run(cmd, check=True)
     return exe
@@ -62,7 +65,7 @@ def hot_loop_instructions() -> dict | None:
     """Instructions of the aarch64 one-token S3D8 hot loop (4 row triples = 4 x 48 weights per pass)."""
     objdump = shutil.which("aarch64-linux-gnu-objdump")
     for preset in ("aarch64-dotprod", "aarch64-i8mm"):
-        obj = ROOT / "build" / preset / "ggml" / "src" / "CMakeFiles" / "ggml-cpu.dir" / "ggml-cpu" / "arch" / "arm" / "s3d8.c.o"
+        obj = ROOT / "build" / preset / "llama.cpp" / "ggml" / "src" / "CMakeFiles" / "ggml-cpu.dir" / "ggml-cpu" / "arch" / "arm" / "s3d8.c.o"
         if objdump and obj.exists():
             break
     else:
@@ -111,15 +114,17 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(f"{m}:{k}:{n}" for m, k, n in SHAPES))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--min-time", type=float, default=1.0, help="seconds per measurement")
+    ap.add_argument("--build", default="host", help="the build preset whose ggml libraries are measured, e.g. host-avx2 "
+                    "(the AVX2 kernels on an AVX512 machine); its report section is named after it")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench")
     ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the last raw results")
     args = ap.parse_args()
 
     args.out.mkdir(parents=True, exist_ok=True)
-    raw = args.out / "bench_kernels.jsonl"
+    raw = args.out / f"bench_kernels{_suffix(args)}.jsonl"
     if not args.report_only:
-        exe = build_harness(args.out)
+        exe = build_harness(args.out, ROOT / "build" / args.build)
         load_before = os.getloadavg()[0]
         with raw.open("w") as f:
             proc = subprocess.run([str(exe), "--types", args.types, "--shapes", args.shapes, "--threads", args.threads,
@@ -130,6 +135,11 @@ def main() -> int:
     loop = hot_loop_instructions()
     write_report(rows, loop, args)
     return 0
+
+
+def _suffix(args: argparse.Namespace) -> str:
+    """File and section name suffix of a build other than the host preset."""
+    return "" if args.build == "host" else f"-{args.build}"
 
 
 def _shown(path: Path) -> Path:
@@ -149,7 +159,7 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-STOCK_TYPES = ("q8_0", "q4_0", "q2_k", "iq2_s", "iq3_xxs")  # the stock types a many-token target is measured against
+STOCK_TYPES = ("q8_0", "q4_0", "q2_k", "tq2_0", "iq2_s", "iq3_xxs")  # the stock types a many-token target is measured against
 BANDWIDTH_TARGET = 0.85  # m = 1: S3D8 bytes streamed / read bandwidth
 PREFILL_TARGET = 1.5     # m >= 128: S3D8 / the fastest stock type
 
@@ -175,7 +185,7 @@ def write_report(rows: list[dict], loop: dict | None, args: argparse.Namespace) 
     out = [f"Generated by `python benchmarks/bench_kernels.py` on {datetime.date.today()} ({cpu_name()}, "
            f"{os.cpu_count()} logical CPUs; compare within a row: absolute numbers depend on the machine and its load). "
            "MUL_MAT on the ggml CPU backend, weights in plain CPU buffers (no repacking), F32 activations; "
-           f"GMAC/s = m*k*n / median time. Raw results: `{_shown(args.out / 'bench_kernels.jsonl')}`. Few-token shapes "
+           f"GMAC/s = m*k*n / median time. Raw results: `{_shown(args.out / f'bench_kernels{_suffix(args)}.jsonl')}`. Few-token shapes "
            "(m <= 16) cycle through enough copies of the weights (2 GiB) that they stream from DRAM, not from the "
            "last-level cache.", ""]
     if load:
@@ -234,9 +244,10 @@ def write_report(rows: list[dict], loop: dict | None, args: argparse.Namespace) 
     else:
         out += ["Not measured: build the `aarch64-dotprod` preset first.", ""]
 
-    png = args.doc.with_name("benchmarks.png")
+    png = args.doc.with_name(f"benchmarks{_suffix(args)}.png")
     out += [f"![MUL_MAT GMAC/s per type]({png.name})", ""]
-    write_section(args.doc, "kernels", "## Kernels (MUL_MAT)\n\n" + "\n".join(out), title="S3D8 benchmarks")
+    heading = "## Kernels (MUL_MAT)" + (f", build preset `{args.build}`" if _suffix(args) else "")
+    write_section(args.doc, f"kernels{_suffix(args)}", heading + "\n\n" + "\n".join(out), title="S3D8 benchmarks")
     plot(mm, types, threads, shapes, png)
     print(f"wrote the kernel section of {args.doc} and {png}")
 

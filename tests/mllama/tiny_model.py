@@ -81,10 +81,10 @@ def config_hash(cfg: dict[str, Any], seed: int) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def image_processor():
+def image_processor(image_size: int = IMAGE_SIZE):
     from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil
 
-    return MllamaImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, max_image_tiles=4,
+    return MllamaImageProcessorPil(size={"height": image_size, "width": image_size}, max_image_tiles=4,
                                    image_mean=IMAGE_MEAN, image_std=IMAGE_STD)
 
 
@@ -119,7 +119,7 @@ def build(out_dir: Path, cfg: dict[str, Any] = TINY_CONFIG, seed: int = 0) -> Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     build_tokenizer().save_pretrained(out_dir)
-    image_processor().save_pretrained(out_dir)
+    image_processor(cfg["vision_config"]["image_size"]).save_pretrained(out_dir)
     # the converter reads the chat template from tokenizer_config.json
     tc_path = out_dir / "tokenizer_config.json"
     tc = json.loads(tc_path.read_text())

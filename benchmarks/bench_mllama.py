@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""The mllama path end to end: the time llama-mtmd-cli takes to encode one 4-tile image and the tokens/s of a chat
+about it, with the text model and the vision encoder + projector (mmproj) in S3D8, Q4_0, Q8_0 or F16; written into
+the "mllama" section of docs/benchmarks.md.
+
+The model is a random Llama 3.2 Vision with the real vision encoder (560 px tiles of 14 px patches = 1601 tokens
+per tile, hidden 1280, 32 local + 8 global layers, FFN 5120, 5 taps, max 4 tiles) and --text-layers text layers of
+the 11B model's shapes (4096 / 14336, 32 / 8 heads of 128; one of them cross-attention), built by transformers
+(``tests.mllama.tiny_model.build``) with the toy byte-level tokenizer of the parity tests. The image is a
+1120 x 1120 random picture, which the preprocessor cuts into 2 x 2 tiles. Q4_0 text comes from llama-quantize
+(token embedding and output Q8_0); the converter writes the other types, including the mmproj (llama-quantize
+does not read mmproj files, so there is no Q4_0 mmproj). Not a test; run by hand on a quiet machine:
+
+    bash ci/build.sh host
+    .venv/bin/python benchmarks/bench_mllama.py        # ~40 min on 2 cores, ~25 GB of disk under .cache/bench-mllama
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench_kernels import BUILD, ROOT, cpu_name  # type: ignore[import-not-found]
+from report_sections import write_section  # type: ignore[import-not-found]
+
+# (text type, mmproj type): text types compared with the Q8_0 mmproj, mmproj types with the S3D8 text model
+VARIANTS = [("q8_0", "q8_0"), ("q4_0", "q8_0"), ("s3d8", "q8_0"), ("s3d8", "f16"), ("s3d8", "s3d8")]
+
+
+def full_width_config(text_layers: int) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from tests.mllama.tiny_model import TINY_CONFIG
+
+    cfg = copy.deepcopy(TINY_CONFIG)
+    cfg["text_config"].update({"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": text_layers,
+                               "cross_attention_layers": [text_layers // 2], "num_attention_heads": 32,
+                               "num_key_value_heads": 8, "max_position_embeddings": 4096})
+    cfg["vision_config"].update({"image_size": 560, "patch_size": 14, "hidden_size": 1280, "attention_heads": 16,
+                                 "intermediate_size": 5120, "num_hidden_layers": 32, "num_global_layers": 8,
+                                 "intermediate_layers_indices": [3, 7, 15, 23, 30], "vision_output_dim": 7680,
+                                 "max_num_tiles": 4})
+    return cfg
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def tool(name: str) -> str:
+    exe = BUILD / "bin" / name
+    if not exe.exists():
+        sys.exit(f"missing {exe}: build the host preset first (bash ci/build.sh host)")
+    return str(exe)
+
+
+def checkpoint(work: Path, text_layers: int) -> Path:
+    out = work / f"mllama-full-vision-{text_layers}l-hf"
+    if (out / "config.json").is_file():
+        return out
+    sys.path.insert(0, str(ROOT))
+    from tests.mllama.tiny_model import build
+
+    tmp = Path(tempfile.mkdtemp(prefix=".hf-", dir=work))
+    build(tmp, full_width_config(text_layers), seed=0)
+    os.replace(tmp, out)
+    return out
+
+
+def convert(work: Path, hf: Path, ty: str) -> tuple[Path, Path]:
+    """Text and mmproj GGUFs of one type (cached); Q4_0 text is quantised from the F16 text file."""
+    text, mmproj = work / f"text-{ty}.gguf", work / f"mmproj-{ty}.gguf"
+    if ty == "q4_0":
+        if not text.exists():
+            f16, _ = convert(work, hf, "f16")
+            part = work / "text-q4_0.part.gguf"
+            run([tool("llama-quantize"), "--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0", str(f16),
+                 str(part), "Q4_0", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            os.replace(part, text)
+        return text, mmproj
+    if not (text.exists() and mmproj.exists()):
+        run([sys.executable, str(ROOT / "convert" / "to_gguf.py"), str(hf), "--type", ty, "--mmproj", str(mmproj),
+             "--mmproj-type", ty, "-o", str(text), "--no-progress"])
+    return text, mmproj
+
+
+def image(work: Path) -> Path:
+    path = work / "image-1120.png"
+    if not path.exists():
+        import numpy as np
+        from PIL import Image
+
+        Image.fromarray((np.random.default_rng(0).random((1120, 1120, 3)) * 255).astype(np.uint8)).save(path)
+    return path
+
+
+PATTERNS = {
+    "encode_ms": re.compile(r"image slice encoded in (\d+) ms"),
+    "decode_ms": re.compile(r"image decoded(?: \(batch \d+/\d+\))? in (\d+) ms"),
+    "prompt_tps": re.compile(r"prompt eval time =.*?([\d.]+) tokens per second"),
+    "gen_tps": re.compile(r"\beval time =.*?runs.*?([\d.]+) tokens per second"),
+}
+
+
+def chat(text: Path, mmproj: Path, img: Path, threads: int, n_gen: int) -> dict[str, float]:
+    proc = run([tool("llama-mtmd-cli"), "-m", str(text), "--mmproj", str(mmproj), "--image", str(img),
+                "-p", "Describe this picture in detail.", "-n", str(n_gen), "--ignore-eos", "-t", str(threads),
+                "--temp", "0", "-c", "8192", "-lv", "4"], capture_output=True, text=True)
+    found = {}
+    for key, pat in PATTERNS.items():
+        m = pat.findall(proc.stderr + proc.stdout)
+        if m:
+            found[key] = float(m[-1])
+    if "encode_ms" not in found or "gen_tps" not in found:
+        raise RuntimeError(f"no timings in llama-mtmd-cli's log:\n{proc.stderr[-3000:]}")
+    return found
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--text-layers", type=int, default=4, help="text layers of the 11B shapes (one cross-attention)")
+    ap.add_argument("--threads", default="2")
+    ap.add_argument("--reps", type=int, default=2, help="runs per variant; the report keeps the fastest")
+    ap.add_argument("--n-gen", type=int, default=32, help="generated tokens per chat")
+    ap.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench-mllama")
+    ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report from the last raw results")
+    args = ap.parse_args()
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    raw = args.work / "bench_mllama.json"
+    threads = [int(t) for t in args.threads.split(",")]
+    if not args.report_only:
+        hf = checkpoint(args.work, args.text_layers)
+        img = image(args.work)
+        files = {}
+        for tt, mt in VARIANTS:
+            files[(tt, mt)] = (convert(args.work, hf, tt)[0], convert(args.work, hf, mt)[1])
+        load_before = os.getloadavg()[0]
+        rows = []
+        for n in threads:
+            for (tt, mt), (text, mmproj) in files.items():
+                runs = [chat(text, mmproj, img, n, args.n_gen) for _ in range(args.reps)]
+                rows.append({"text": tt, "mmproj": mt, "threads": n, "runs": runs,
+                             "text_mib": text.stat().st_size / 2**20, "mmproj_mib": mmproj.stat().st_size / 2**20})
+        result = {"date": str(datetime.date.today()), "cpu": cpu_name(), "cpus": os.cpu_count(),
+                  "text_layers": args.text_layers, "n_gen": args.n_gen, "reps": args.reps,
+                  "load": [load_before, os.getloadavg()[0]], "rows": rows}
+        raw.write_text(json.dumps(result, indent=1))
+    write_report(json.loads(raw.read_text()), args)
+    return 0
+
+
+def write_report(result: dict, args: argparse.Namespace) -> None:
+    lines = [f"Generated by `python benchmarks/bench_mllama.py` on {result['date']} ({result['cpu']}, {result['cpus']} "
+             f"logical CPUs; load average {result['load'][0]:.1f} before, {result['load'][1]:.1f} after). A random Llama "
+             "3.2 Vision with the real vision encoder (4 tiles x 1601 tokens, 32 + 8 layers of 1280 / 5120) and "
+             f"{result['text_layers']} text layers of the 11B shapes (one cross-attention); `llama-mtmd-cli` on one "
+             f"1120 x 1120 image (2 x 2 tiles), {result['n_gen']} generated tokens; fastest of {result['reps']} runs. "
+             "Encode: the vision encoder + projector on the 4 tiles; prompt: the chat's prompt tokens with the image's "
+             "cross-attention states; generation: tokens/s of the answer. "
+             f"Raw results: `{args.work.relative_to(ROOT) if ROOT in args.work.resolve().parents else args.work}/bench_mllama.json`.", "",
+             "| text | mmproj | threads | text MiB | mmproj MiB | encode s | prompt tok/s | generation tok/s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        enc = min(x["encode_ms"] for x in r["runs"]) / 1000
+        ptps = max(x.get("prompt_tps", 0.0) for x in r["runs"])
+        gtps = max(x["gen_tps"] for x in r["runs"])
+        lines.append(f"| {r['text']} | {r['mmproj']} | {r['threads']} | {r['text_mib']:.0f} | {r['mmproj_mib']:.0f} | "
+                     f"{enc:.1f} | {ptps:.1f} | {gtps:.1f} |")
+    write_section(args.doc, "mllama", "## mllama path (llama-mtmd-cli)\n\n" + "\n".join(lines), title="S3D8 benchmarks")
+    print(f"wrote the mllama section of {args.doc}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
