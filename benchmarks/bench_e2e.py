@@ -22,6 +22,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -155,7 +156,10 @@ def main() -> int:
                   "files": {t: models[t].name for t in types}, "rows": rows,
                   "bandwidth_gbps": {str(n): bw for n, bw in bandwidth.items()}}
         raw.write_text(json.dumps(result, indent=1))
-    write_report(json.loads(raw.read_text()), args)
+    kept = args.doc.with_name("benchmarks-e2e.json")  # the raw results, kept with the report
+    if not args.report_only or not kept.exists():
+        shutil.copyfile(raw, kept)
+    write_report(json.loads(kept.read_text()), args)
     return 0
 
 
@@ -182,7 +186,7 @@ def write_report(result: dict, args: argparse.Namespace) -> None:
             "random weights; token embedding and output Q8_0 in every variant, the named type on every layer matrix "
             "(stock types with llama.cpp's default runtime repacking; IQ types with an imatrix from llama-imatrix). "
             f"`llama-bench -p {pp} -n {tg} -t {','.join(map(str, threads))} -r {result['reps']}`: mean tokens/s "
-            f"(± standard deviation over the repetitions). Raw results: `{_shown(args.work / 'bench_e2e.json')}`.", ""]
+            f"(± standard deviation over the repetitions). Raw results: `{_shown(args.doc.with_name('benchmarks-e2e.json'))}`.", ""]
     bw = {int(n): v for n, v in result.get("bandwidth_gbps", {}).items()}
     if bw:
         head += ["Generation reads the whole file per token except the token embedding (one row); the `tg GB/s` "
