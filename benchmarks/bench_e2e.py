@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_kernels import BUILD, ROOT, build_harness, cpu_name  # type: ignore[import-not-found]
+from bench_common import ROOT, cpu_name, run, shown, tool  # type: ignore[import-not-found]
+from bench_kernels import build_harness  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
 TYPES = ["q8_0", "q4_0", "q4_K", "iq4_nl", "q2_K", "iq2_s", "iq3_xxs", "tq2_0", "s3d8"]
@@ -53,24 +54,11 @@ def read_bandwidth(work: Path, threads: list[int]) -> dict[int, float]:
     return {int(r["threads"]): float(r["gbps"]) for r in rows if r["kind"] == "bandwidth"}
 
 
-def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    print("+", " ".join(cmd), file=sys.stderr, flush=True)
-    return subprocess.run(cmd, check=True, **kw)
-
-
-def tool(name: str) -> str:
-    exe = BUILD / "bin" / name
-    if not exe.exists():
-        sys.exit(f"missing {exe}: build the host preset first (bash ci/build.sh host)")
-    return str(exe)
-
-
 def synthetic_f16(work: Path, layers: int) -> Path:
     """The f16 GGUF of the synthetic model (cached)."""
     out = work / f"llama-4096x14336-{layers}l-f16.gguf"
     if out.exists():
         return out
-    sys.path.insert(0, str(ROOT))
     from convert.assets import smollm2_hf_dir
     from convert.synthetic import write_tiny_llama
 
@@ -87,7 +75,6 @@ def imatrix(work: Path, f16: Path, threads: int) -> Path:
     out = work / (f16.stem + ".imatrix.gguf")
     if out.exists():
         return out
-    sys.path.insert(0, str(ROOT))
     from convert.assets import wiki_text
 
     text = work / "imatrix.txt"
@@ -186,7 +173,7 @@ def write_report(result: dict, args: argparse.Namespace) -> None:
             "random weights; token embedding and output Q8_0 in every variant, the named type on every layer matrix "
             "(stock types with llama.cpp's default runtime repacking; IQ types with an imatrix from llama-imatrix). "
             f"`llama-bench -p {pp} -n {tg} -t {','.join(map(str, threads))} -r {result['reps']}`: mean tokens/s "
-            f"(± standard deviation over the repetitions). Raw results: `{_shown(args.doc.with_name('benchmarks-e2e.json'))}`.", ""]
+            f"(± standard deviation over the repetitions). Raw results: `{shown(args.doc.with_name('benchmarks-e2e.json'))}`.", ""]
     bw = {int(n): v for n, v in result.get("bandwidth_gbps", {}).items()}
     if bw:
         head += ["Generation reads the whole file per token except the token embedding (one row); the `tg GB/s` "
@@ -219,11 +206,6 @@ def write_report(result: dict, args: argparse.Namespace) -> None:
     write_section(args.doc, "e2e", text, title="S3D8 benchmarks")
     plot(t, types, threads, pp, tg, png)
     print(f"wrote the end-to-end section of {args.doc} and {png}")
-
-
-def _shown(path: Path) -> Path:
-    path = path.resolve()
-    return path.relative_to(ROOT) if ROOT in path.parents else path
 
 
 def plot(t: dict, types: list[str], threads: list[int], pp: int, tg: int, path: Path) -> None:

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_kernels import BUILD, ROOT, cpu_name  # type: ignore[import-not-found]
+from bench_common import ROOT, cpu_name, run, shown, tool  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
 # (text type, mmproj type): text types compared with the Q8_0 mmproj, mmproj types with the S3D8 text model
@@ -37,7 +37,6 @@ VARIANTS = [("q8_0", "q8_0"), ("q4_0", "q8_0"), ("s3d8", "q8_0"), ("s3d8", "f16"
 
 
 def full_width_config(text_layers: int) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))
     from tests.mllama.tiny_model import TINY_CONFIG
 
     cfg = copy.deepcopy(TINY_CONFIG)
@@ -51,23 +50,10 @@ def full_width_config(text_layers: int) -> dict[str, Any]:
     return cfg
 
 
-def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    print("+", " ".join(cmd), file=sys.stderr, flush=True)
-    return subprocess.run(cmd, check=True, **kw)
-
-
-def tool(name: str) -> str:
-    exe = BUILD / "bin" / name
-    if not exe.exists():
-        sys.exit(f"missing {exe}: build the host preset first (bash ci/build.sh host)")
-    return str(exe)
-
-
 def checkpoint(work: Path, text_layers: int) -> Path:
     out = work / f"mllama-full-vision-{text_layers}l-hf"
     if (out / "config.json").is_file():
         return out
-    sys.path.insert(0, str(ROOT))
     from tests.mllama.tiny_model import build
 
     tmp = Path(tempfile.mkdtemp(prefix=".hf-", dir=work))
@@ -168,7 +154,7 @@ def write_report(result: dict, args: argparse.Namespace) -> None:
              f"1120 x 1120 image (2 x 2 tiles), {result['n_gen']} generated tokens; fastest of {result['reps']} runs. "
              "Encode: the vision encoder + projector on the 4 tiles; prompt: the chat's prompt tokens with the image's "
              "cross-attention states; generation: tokens/s of the answer. "
-             f"Raw results: `{args.work.relative_to(ROOT) if ROOT in args.work.resolve().parents else args.work}/bench_mllama.json`.", "",
+             f"Raw results: `{shown(args.work / 'bench_mllama.json')}`.", "",
              "| text | mmproj | threads | text MiB | mmproj MiB | encode s | prompt tok/s | generation tok/s |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:

@@ -27,7 +27,7 @@ def write_section(doc: Path, name: str, text: str, *, title: str | None = None) 
     fd, tmp = tempfile.mkstemp(dir=doc.parent, prefix=doc.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(new.lstrip("\n") + "\n")
+            f.write(new.strip("\n") + "\n")
         os.replace(tmp, doc)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

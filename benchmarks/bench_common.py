@@ -1,0 +1,49 @@
+"""What the benchmark scripts share: the repository's paths, the host build's tools, logged commands, the CPU's
+name and paths as reports show them. Importing it puts the repository root on ``sys.path``, so the scripts can
+import ``convert`` and ``tests.mllama`` when run as ``python benchmarks/<script>.py``.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA = ROOT / "work" / "llama.cpp"
+BUILD = ROOT / "build" / "host"
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """Run a command (echoed to stderr), failing on a non-zero exit."""
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def tool(name: str) -> str:
+    """A binary of the host build; exits with the command that builds it when it is missing."""
+    exe = BUILD / "bin" / name
+    if not exe.exists():
+        sys.exit(f"missing {exe}: build the host preset first (bash ci/build.sh host)")
+    return str(exe)
+
+
+def shown(path: Path) -> Path:
+    """A path as a report shows it: relative to the repository when inside it."""
+    path = path.resolve()
+    return path.relative_to(ROOT) if ROOT in path.parents else path
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
