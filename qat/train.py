@@ -4,7 +4,8 @@ under ``torchrun``.
 ``python -m qat.train --help`` explains every option. The student (:mod:`qat.student`) computes with exactly
 the weights and activation quantisation the exported GGUF (``convert/to_gguf.py --type s3d8 --qat-checkpoint``)
 will use; the loss is the forward KL(teacher || student) over the full vocabulary at the positions that predict
-response tokens, summed and divided by the number of such tokens in the global batch. AdamW (0.9, 0.95, no
+response tokens (with a ``.txt`` file of plain text as ``--data``: every next token of its windows), summed and
+divided by the number of such tokens in the global batch. AdamW (0.9, 0.95, no
 weight decay), cosine schedule without warm-up, no gradient clipping; every parameter is trained, in fp32.
 
 mllama: every sample has one image (``qat.generate`` output); the student fake-quantises the text model to S3D8
@@ -91,6 +92,40 @@ def tokenise_samples(samples: Sequence[Any], tokenizer: Any, seq_len: int,
         if len(p) >= 1 and len(ids) > len(p):
             out.append(Example(ids, len(p) - 1, s.image))
     return out
+
+
+def text_examples(path: Path, tokenizer: Any, seq_len: int) -> list[Example]:
+    """Training examples of a plain-text file: the whole text tokenised once (``add_special_tokens=False``, as
+    :func:`qat.text_eval.token_windows` does for the evaluation) and cut into consecutive windows of ``seq_len``
+    tokens; every position but the last predicts the next token and is a loss position (distillation on text)."""
+    from qat.text_eval import token_windows
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TrainError(f"{path}: not UTF-8 text ({e}); --data takes a qat.generate JSONL or a .txt file") from e
+    try:
+        windows = token_windows(tokenizer, text, ctx=seq_len, max_tokens=None)
+    except ValueError as e:
+        raise TrainError(f"{path}: {e} (--seq-len {seq_len})") from e
+    return [Example([int(t) for t in row], 0) for row in windows]
+
+
+def load_examples(path: Path, tokenizer: Any, seq_len: int, image_token_id: int | None = None) -> list[Example]:
+    """The training examples of ``--data``: a ``.txt`` file is plain text (:func:`text_examples`; text models
+    only), anything else JSONL samples of ``qat.generate`` (:func:`tokenise_samples`)."""
+    from qat.data import read_samples
+
+    if not path.is_file():
+        raise TrainError(f"{path}: no such data file")
+    if path.suffix == ".txt":
+        if image_token_id is not None:
+            raise TrainError(f"{path}: plain-text data trains text models; mllama needs image samples (qat.generate)")
+        return text_examples(path, tokenizer, seq_len)
+    examples = tokenise_samples(read_samples(path), tokenizer, seq_len, image_token_id)
+    if not examples:
+        raise TrainError(f"{path}: no sample has a response token within --seq-len {seq_len}")
+    return examples
 
 
 def batch_indices(step: int, batch: int, n: int, seed: int) -> list[int]:
@@ -477,15 +512,9 @@ def train(args: argparse.Namespace) -> list[float]:
 
     from transformers import get_scheduler
 
-    from qat.data import read_samples
-
     mllama = model_type(args.teacher) == "mllama"
     tokenizer, batcher, image_token_id = sample_inputs(args.teacher)
-    if not args.data.is_file():
-        raise TrainError(f"{args.data}: no such data file")
-    examples = tokenise_samples(read_samples(args.data), tokenizer, args.seq_len, image_token_id)
-    if not examples:
-        raise TrainError(f"{args.data}: no sample has a response token within --seq-len {args.seq_len}")
+    examples = load_examples(args.data, tokenizer, args.seq_len, image_token_id)
 
     resume = args.resume and ck_path.is_file()
     ck = load_checkpoint(ck_path) if resume else None
@@ -620,7 +649,8 @@ def _write_json(path: Path, obj: Any) -> None:
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     """The training options an experiment script passes through to ``qat.train`` (see :func:`run_argv`)."""
-    p.add_argument("--data", type=Path, required=True, help="JSONL from python -m qat.generate --text-only")
+    p.add_argument("--data", type=Path, required=True,
+                   help="JSONL from python -m qat.generate --text-only, or a .txt file of plain text (seq-len windows)")
     p.add_argument("--steps", type=int, default=300, help="optimiser steps (default %(default)s)")
     p.add_argument("--batch", type=int, default=4, help="sequences per step (default %(default)s)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default %(default)s)")
@@ -649,8 +679,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher", type=Path, required=True, metavar="DIR",
                    help="HF checkpoint directory of the teacher (LlamaForCausalLM or MllamaForConditionalGeneration); "
                         "the student starts as its copy")
-    p.add_argument("--data", type=Path, required=True, metavar="JSONL",
-                   help="synthetic samples (qat.data schema, e.g. from python -m qat.generate --text-only)")
+    p.add_argument("--data", type=Path, required=True, metavar="FILE",
+                   help="synthetic samples (qat.data schema JSONL, e.g. from python -m qat.generate --text-only; the "
+                        "loss is on the response tokens), or a .txt file of plain text for a text model: tokenised "
+                        "and cut into consecutive --seq-len windows, the loss on every next token")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help=f"run folder: {CHECKPOINT_NAME} (model, codebooks, optimiser, schedule, losses) and losses.json")
     p.add_argument("--steps", type=int, default=300, help="optimiser steps of the whole run (cosine schedule length; default %(default)s)")

@@ -1,6 +1,7 @@
 """Proof on real weights: direct-cast S3D8 vs QAT S3D8 of SmolLM2-135M-Instruct (issue 6, item 4).
 
-1. Data: text-only self-generated samples (``python -m qat.generate --text-only``), given as ``--data``.
+1. Data: text-only self-generated samples (``python -m qat.generate --text-only``), given as ``--data``, or a
+   ``.txt`` file of plain text (e.g. the main job's ``train.txt``, Wikipedia articles disjoint from the evaluation's).
 2. Direct cast: the student at step 0 (the converter's ``--type s3d8`` GGUF, bit for bit).
 3. QAT: ``qat.train`` for ``--steps`` steps on that data.
 4. Evaluation with ``qat.text_eval.evaluate`` (lockstep teacher) on held-out Wikipedia text
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from qat.train import add_run_options, build_student, main as train_main, run_argv, student_from_checkpoint
+from qat.train import add_run_options, build_student, load_examples, main as train_main, run_argv, student_from_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +52,7 @@ def plot(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
     losses = result["losses"]
     ax[0].plot(range(1, len(losses) + 1), losses, lw=1)
-    ax[0].set(xlabel="step", ylabel="train KL (nats/token)", title="QAT loss (synthetic data)")
+    ax[0].set(xlabel="step", ylabel="train KL (nats/token)", title="QAT loss (" + ("plain text" if result["settings"]["data"].endswith(".txt") else "synthetic data") + ")")
     names = ["direct cast" if result.get("start", "direct cast") == "direct cast" else "start", "QAT"]
     ax[1].bar(names, [result["direct_cast"]["kl"], result["qat"]["kl"]], color=["tab:red", "tab:green"])
     ax[1].set(ylabel="KL to teacher (nats/token)", title="held-out wiki KL")
@@ -90,8 +91,11 @@ def main() -> int:
     tok = AutoTokenizer.from_pretrained(teacher_dir)
     windows = token_windows(tok, wiki_text("eval"), ctx=a.eval_ctx, max_tokens=a.eval_tokens)
     teacher = load_teacher(teacher_dir)
-    result: dict = {"model": "SmolLM2-135M-Instruct", "n_samples": len(read_samples(a.data)),
-                    "settings": {k: str(v) for k, v in vars(a).items()}}
+    result: dict = {"model": "SmolLM2-135M-Instruct", "settings": {k: str(v) for k, v in vars(a).items()}}
+    if a.data.suffix == ".txt":  # plain text: qat.train's consecutive --seq-len windows
+        result["n_text_windows"] = len(load_examples(a.data, tok, a.seq_len))
+    else:
+        result["n_samples"] = len(read_samples(a.data))
     direct = build_student(teacher_dir)
     if a.init_from is not None:
         from qat.train import start_from_file

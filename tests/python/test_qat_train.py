@@ -262,6 +262,41 @@ def test_fsdp2_resume_is_bitwise_identical(setup, straight, fsdp2_straight, tmp_
     _assert_matches(single / "checkpoint.pt", straight)
 
 
+def test_plain_text_data_trains_on_every_next_token(setup, tmp_path) -> None:
+    """A .txt --data file: the text tokenised once, cut into consecutive --seq-len windows, every next token a
+    loss position; training on it lowers the loss; the windows are the evaluation's (qat.text_eval)."""
+    from qat.text_eval import token_windows
+    from qat.train import load_examples, sample_inputs
+
+    teacher, _ = setup
+    text = " ".join(tiny._WORDS[i % len(tiny._WORDS)] for i in range(400)) + "\n"
+    txt = tmp_path / "text.txt"
+    txt.write_text(text, encoding="utf-8")
+    tok, _, _ = sample_inputs(teacher)
+    ex = load_examples(txt, tok, 40)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ex) == len(ids) // 40 >= 8
+    assert [e.ids for e in ex] == [ids[i * 40:(i + 1) * 40] for i in range(len(ex))]
+    assert all(e.first_loss_pos == 0 for e in ex)
+    assert torch.equal(torch.tensor([e.ids for e in ex]), token_windows(tok, text, ctx=40, max_tokens=None))
+    out = tmp_path / "run"
+    assert main(["--teacher", str(teacher), "--data", str(txt), "--out", str(out), *COMMON]) == 0
+    losses = load_checkpoint(out / "checkpoint.pt")["losses"]
+    assert len(losses) == 4 and all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def test_plain_text_data_errors(setup, tmp_path, capsys) -> None:
+    teacher, _ = setup
+    short = tmp_path / "short.txt"
+    short.write_text("the cat\n", encoding="utf-8")
+    assert main(["--teacher", str(teacher), "--data", str(short), "--out", str(tmp_path / "a"), *COMMON]) == 2
+    assert "fewer than one window of 40" in capsys.readouterr().err
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 ".encode("latin-1") * 50)
+    assert main(["--teacher", str(teacher), "--data", str(bad), "--out", str(tmp_path / "b"), *COMMON]) == 2
+    assert "not UTF-8 text" in capsys.readouterr().err
+
+
 def test_cli_errors(setup, tmp_path, capsys) -> None:
     teacher, data = setup
     assert main(["--teacher", str(teacher), "--data", str(tmp_path / "none.jsonl"), "--out", str(tmp_path)]) == 2
