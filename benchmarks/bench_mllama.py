@@ -7,12 +7,14 @@ The model is a random Llama 3.2 Vision with the real vision encoder (560 px tile
 per tile, hidden 1280, 32 local + 8 global layers, FFN 5120, 5 taps, max 4 tiles) and --text-layers text layers of
 the 11B model's shapes (4096 / 14336, 32 / 8 heads of 128; one of them cross-attention), built by transformers
 (``tests.mllama.tiny_model.build``) with the toy byte-level tokenizer of the parity tests. The image is a
-1120 x 1120 random picture, which the preprocessor cuts into 2 x 2 tiles. Q4_0 text comes from llama-quantize
-(token embedding and output Q8_0); the converter writes the other types, including the mmproj (llama-quantize
-does not read mmproj files, so there is no Q4_0 mmproj). Not a test; run by hand on a quiet machine:
+1120 x 1120 random picture, which the preprocessor cuts into 2 x 2 tiles. Q4_0 and S3D8 text come from
+llama-quantize (token embedding and output Q8_0); the converter writes F16 and Q8_0 and the S3D8 mmproj
+(llama-quantize does not read mmproj files, so there is no Q4_0 mmproj). Not a test; run by hand, the timings on a
+quiet machine (``--prepare-only`` makes the files first, which may share the machine):
 
     bash ci/build.sh host
-    .venv/bin/python benchmarks/bench_mllama.py        # ~40 min on 2 cores, ~25 GB of disk under .cache/bench-mllama
+    .venv/bin/python benchmarks/bench_mllama.py --prepare-only  # the checkpoint and GGUFs, ~12 GB under .cache/bench-mllama
+    .venv/bin/python benchmarks/bench_mllama.py                 # the timings (cached files are reused)
 """
 
 from __future__ import annotations
@@ -63,15 +65,22 @@ def checkpoint(work: Path, text_layers: int) -> Path:
 
 
 def convert(work: Path, hf: Path, ty: str) -> tuple[Path, Path]:
-    """Text and mmproj GGUFs of one type (cached); Q4_0 text is quantised from the F16 text file."""
+    """Text and mmproj GGUFs of one type (cached). F16 and Q8_0: the converter writes both. Q4_0 and S3D8 text:
+    llama-quantize from the F16 text file (token embedding and output Q8_0), as users quantise; S3D8 mmproj: the
+    converter (llama-quantize does not read mmproj files; there is no Q4_0 mmproj)."""
     text, mmproj = work / f"text-{ty}.gguf", work / f"mmproj-{ty}.gguf"
-    if ty == "q4_0":
+    if ty in ("q4_0", "s3d8"):
         if not text.exists():
             f16, _ = convert(work, hf, "f16")
-            part = work / "text-q4_0.part.gguf"
+            part = work / f"text-{ty}.part.gguf"
             run([tool("llama-quantize"), "--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0", str(f16),
-                 str(part), "Q4_0", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 str(part), ty.upper(), "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             os.replace(part, text)
+        if ty == "s3d8" and not mmproj.exists():
+            scratch = work / "text-scratch.gguf"  # the converter always writes a text file too
+            run([sys.executable, str(ROOT / "convert" / "to_gguf.py"), str(hf), "--type", "q8_0", "--mmproj",
+                 str(mmproj), "--mmproj-type", "s3d8", "-o", str(scratch), "--no-progress"])
+            scratch.unlink()
         return text, mmproj
     if not (text.exists() and mmproj.exists()):
         run([sys.executable, str(ROOT / "convert" / "to_gguf.py"), str(hf), "--type", ty, "--mmproj", str(mmproj),
@@ -120,6 +129,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench-mllama")
     ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the last raw results")
+    ap.add_argument("--prepare-only", action="store_true", help="make the checkpoint, image and GGUFs, measure nothing")
     args = ap.parse_args()
 
     args.work.mkdir(parents=True, exist_ok=True)
@@ -131,6 +141,9 @@ def main() -> int:
         files = {}
         for tt, mt in VARIANTS:
             files[(tt, mt)] = (convert(args.work, hf, tt)[0], convert(args.work, hf, mt)[1])
+        if args.prepare_only:
+            print("\n".join(f"{shown(p)}: {p.stat().st_size / 2**20:.0f} MiB" for pair in files.values() for p in pair))
+            return 0
         load_before = os.getloadavg()[0]
         rows = []
         for n in threads:
