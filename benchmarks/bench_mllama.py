@@ -34,6 +34,9 @@ from typing import Any
 from bench_common import ROOT, cpu_name, run, shown, tool  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
+# the toy byte-level tokenizer is none of the pre-tokenizers the converter recognises; llama.cpp's llama-bpe
+# splits its text as the tests do (tests/mllama/harness.py)
+TOKENIZER = ["--tokenizer-pre", "llama-bpe"]
 # (text type, mmproj type): text types compared with the Q8_0 mmproj, mmproj types with the S3D8 text model
 VARIANTS = [("q8_0", "q8_0"), ("q4_0", "q8_0"), ("s3d8", "q8_0"), ("s3d8", "f16"), ("s3d8", "s3d8")]
 
@@ -79,12 +82,12 @@ def convert(work: Path, hf: Path, ty: str) -> tuple[Path, Path]:
         if ty == "s3d8" and not mmproj.exists():
             scratch = work / "text-scratch.gguf"  # the converter always writes a text file too
             run([sys.executable, str(ROOT / "convert" / "to_gguf.py"), str(hf), "--type", "q8_0", "--mmproj",
-                 str(mmproj), "--mmproj-type", "s3d8", "-o", str(scratch), "--no-progress"])
+                 str(mmproj), "--mmproj-type", "s3d8", "-o", str(scratch), "--no-progress", *TOKENIZER])
             scratch.unlink()
         return text, mmproj
     if not (text.exists() and mmproj.exists()):
         run([sys.executable, str(ROOT / "convert" / "to_gguf.py"), str(hf), "--type", ty, "--mmproj", str(mmproj),
-             "--mmproj-type", ty, "-o", str(text), "--no-progress"])
+             "--mmproj-type", ty, "-o", str(text), "--no-progress", *TOKENIZER])
     return text, mmproj
 
 
