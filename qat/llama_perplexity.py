@@ -8,12 +8,17 @@ those lines here:
 * a base run (``--kl-divergence-base FILE`` without ``--kl-divergence``) prints
   ``Final estimate: PPL = x +/- e``;
 * a comparison run prints ``Mean PPL(Q) : x ± e``, ``Mean    KLD: x ± e`` and ``Same top p: x ± e %``;
+* a comparison run also prints one line per chunk: the chunk's number, then the running means (over the chunks so
+  far, each scoring the same number of tokens) of PPL, ln(PPL(Q)/PPL(base)), KLD, Δp RMS and same top p, each
+  ``x ± e``; :func:`chunk_klds` recovers each chunk's own KLD, and :func:`paired_kld_difference` compares two
+  models chunk by chunk on the same text (far tighter than comparing the two means with their own errors);
 * libllama prints the KV cache it allocated (with ``-lv 4`` or more; llama-perplexity keeps one stream of C cells per
   parallel sequence): ``llama_kv_cache: size = M MiB (C cells, L layers, S/N seqs), ...``.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -23,6 +28,7 @@ _FINAL = re.compile(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)")
 _PPL_Q = re.compile(r"Mean PPL\(Q\)\s*:\s*([\d.]+)\s*±\s*([\d.]+)")
 _KLD = re.compile(r"Mean\s+KLD:\s*([\d.]+)\s*±\s*([\d.]+)")
 _SAME_TOP = re.compile(r"Same top p:\s*([\d.]+)\s*±\s*([\d.]+)\s*%")
+_CHUNK = re.compile(r"^\s*(\d+)\s+([\d.]+)\s*±\s*[\d.]+\s+(-?[\d.]+)\s*±\s*[\d.]+\s+([\d.]+)\s*±", re.M)
 _KV_SIZE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*\d+ layers,\s*\d+/(\d+) seqs\)")
 
 
@@ -67,3 +73,42 @@ def parse(output: str, *, kld: bool) -> PerplexityResult:
                             kld_err=float(k.group(2)), same_top=float(top.group(1)),
                             same_top_err=float(top.group(2)), kv_cache_mib=mib,
                             kv_cache_cells=cells)
+
+
+def chunk_klds(output: str) -> list[float]:
+    """Each chunk's mean KLD in a comparison run, recovered from the running means of the per-chunk lines
+    (chunk i's value = i * mean_i - (i - 1) * mean_(i-1): every chunk scores the same number of tokens). The printed
+    means have 5 decimals, so chunk i's value is exact to within i * 1e-5."""
+    cum: list[float] = []
+    for m in _CHUNK.finditer(output):
+        if int(m.group(1)) != len(cum) + 1:
+            raise PerplexityOutputError(f"chunk line {m.group(1)} out of order in llama-perplexity's output")
+        cum.append(float(m.group(4)))
+    if not cum:
+        raise PerplexityOutputError("no per-chunk lines in llama-perplexity's output:\n" + output[-3000:])
+    return [i * c - (i - 1) * p for i, (c, p) in enumerate(zip(cum, [0.0] + cum[:-1]), start=1)]
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """KLD of model B minus model A over the same chunks: mean, its standard error (chunks as the units), and the
+    number of chunks where B is lower."""
+
+    mean: float
+    stderr: float
+    n_lower: int
+    n: int
+
+    def __str__(self) -> str:
+        return (f"{self.mean:+.4f} ± {self.stderr:.4f} (t = {self.mean / self.stderr:+.1f}; B lower on "
+                f"{self.n_lower} of {self.n} chunks)")
+
+
+def paired_kld_difference(a: list[float], b: list[float]) -> PairedDifference:
+    """B - A per chunk (:func:`chunk_klds` of two runs on the same text and base)."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"need two runs over the same chunks (at least 2), got {len(a)} and {len(b)}")
+    d = [y - x for x, y in zip(a, b)]
+    mean = sum(d) / len(d)
+    var = sum((v - mean) ** 2 for v in d) / (len(d) - 1)
+    return PairedDifference(mean, math.sqrt(var / len(d)), sum(v < 0 for v in d), len(d))

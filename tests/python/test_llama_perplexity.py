@@ -38,3 +38,29 @@ def test_missing_figures_are_an_error_naming_them() -> None:
     with pytest.raises(lp.PerplexityOutputError, match="Final estimate"):
         lp.parse("llama_init_from_model: failed", kld=False)
     assert math.isnan(lp.parse("Final estimate: PPL = 3.0 +/- 0.1", kld=False).kv_bytes_per_token)
+
+
+# three chunks of a comparison run as the pinned tree prints them: running means; the chunks' own KLDs are
+# 0.2, 0.3 and 0.4 (running means 0.2, 0.25, 0.3)
+CHUNKS = """chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              Δp RMS            Same top p
+   1      12.6093 ±    2.3772       0.12020 ±    0.04434       0.20000 ±    0.02640     9.299 ±  1.230 %    83.529 ±  2.327 %
+   2      16.8097 ±    2.3735      -0.20759 ±    0.03803       0.25000 ±    0.02243    12.896 ±  1.207 %    78.824 ±  1.811 %
+   3      21.6533 ±    2.7049       0.23333 ±    0.03404       0.30000 ±    0.01950    13.366 ±  0.989 %    77.386 ±  1.513 %
+"""
+
+
+def test_chunk_klds_undo_the_running_mean() -> None:
+    assert lp.chunk_klds(COMPARE + CHUNKS) == pytest.approx([0.2, 0.3, 0.4], abs=3e-5)
+    with pytest.raises(lp.PerplexityOutputError, match="per-chunk"):
+        lp.chunk_klds(COMPARE)
+    with pytest.raises(lp.PerplexityOutputError, match="out of order"):
+        lp.chunk_klds(CHUNKS.replace("   2      16", "   5      16"))
+
+
+def test_paired_difference() -> None:
+    d = lp.paired_kld_difference([0.2, 0.3, 0.4, 0.5], [0.19, 0.28, 0.41, 0.46])
+    assert d.mean == pytest.approx(-0.015) and (d.n_lower, d.n) == (3, 4)
+    # differences -0.01, -0.02, +0.01, -0.04: sample sd 0.0208, / sqrt(4)
+    assert d.stderr == pytest.approx(math.sqrt(((0.005**2) + (0.005**2) + (0.025**2) + (0.025**2)) / 3 / 4))
+    with pytest.raises(ValueError, match="same chunks"):
+        lp.paired_kld_difference([0.1, 0.2], [0.1])
