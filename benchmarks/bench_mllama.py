@@ -112,7 +112,8 @@ PATTERNS = {
 def chat(text: Path, mmproj: Path, img: Path, threads: int, n_gen: int) -> dict[str, float]:
     proc = run([tool("llama-mtmd-cli"), "-m", str(text), "--mmproj", str(mmproj), "--image", str(img),
                 "-p", "Describe this picture in detail.", "-n", str(n_gen), "--ignore-eos", "-t", str(threads),
-                "--temp", "0", "-c", "8192", "-lv", "4"], capture_output=True, text=True)
+                "--temp", "0", "-c", "8192", "-lv", "4"], capture_output=True, text=True,
+               errors="replace")  # a random model's answer is arbitrary bytes
     found = {}
     for key, pat in PATTERNS.items():
         m = pat.findall(proc.stderr + proc.stdout)
@@ -127,6 +128,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--text-layers", type=int, default=4, help="text layers of the 11B shapes (one cross-attention)")
     ap.add_argument("--threads", default="2")
+    ap.add_argument("--variants", default=",".join(f"{t}:{m}" for t, m in VARIANTS),
+                    help="TEXT:MMPROJ type pairs to run (default: %(default)s)")
     ap.add_argument("--reps", type=int, default=2, help="runs per variant; the report keeps the fastest")
     ap.add_argument("--n-gen", type=int, default=32, help="generated tokens per chat")
     ap.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench-mllama")
@@ -142,7 +145,10 @@ def main() -> int:
         hf = checkpoint(args.work, args.text_layers)
         img = image(args.work)
         files = {}
-        for tt, mt in VARIANTS:
+        variants = [tuple(v.split(":")) for v in args.variants.split(",")]
+        if any(len(v) != 2 for v in variants):
+            ap.error(f"--variants takes TEXT:MMPROJ pairs, got {args.variants!r}")
+        for tt, mt in variants:
             files[(tt, mt)] = (convert(args.work, hf, tt)[0], convert(args.work, hf, mt)[1])
         if args.prepare_only:
             print("\n".join(f"{shown(p)}: {p.stat().st_size / 2**20:.0f} MiB" for pair in files.values() for p in pair))
@@ -167,7 +173,8 @@ def write_report(result: dict, args: argparse.Namespace) -> None:
              f"logical CPUs; load average {result['load'][0]:.1f} before, {result['load'][1]:.1f} after). A random Llama "
              "3.2 Vision with the real vision encoder (4 tiles x 1601 tokens, 32 + 8 layers of 1280 / 5120) and "
              f"{result['text_layers']} text layers of the 11B shapes (one cross-attention); `llama-mtmd-cli` on one "
-             f"1120 x 1120 image (2 x 2 tiles), {result['n_gen']} generated tokens; fastest of {result['reps']} runs. "
+             f"1120 x 1120 image (2 x 2 tiles), {result['n_gen']} generated tokens; "
+             + ("one run per row. " if result['reps'] == 1 else f"fastest of {result['reps']} runs. ") +
              "Encode: the vision encoder + projector on the 4 tiles; prompt: the chat's prompt tokens with the image's "
              "cross-attention states; generation: tokens/s of the answer. "
              f"Raw results: `{shown(args.work / 'bench_mllama.json')}`.", "",
