@@ -127,6 +127,11 @@ static void test_quantize_act(std::mt19937 & rng) {
         } else if (it == 11) {
             std::fill(x.begin(), x.end(), 0.0f);
             x[0] = 1e-37f;        // 1/s overflows to inf: 0 * inf = NaN -> 0, x[0] * inf -> 127
+        } else if (it == 15) {
+            x[k - 1] = -INFINITY; // the absmax is taken over bit patterns: |-inf| is +inf's
+        } else if (it == 19) {
+            x[5] = std::copysign(NAN, -1.0f); // a NaN with the sign bit set is skipped like a positive one
+            x[k - 2] = NAN;
         }
         float s, sr;
         int32_t sum;
