@@ -4,11 +4,13 @@
 // docs/benchmarks.md and docs/benchmarks.png.
 //
 // usage: bench_kernels --types f16,q8_0,s3d8 --shapes 1:4096:14336,128:4096:14336 --threads 1,2
-//                      [--min-time 1.0] [--bw-mib 2048] [--rotate-mib 2048]
+//                      [--min-time 1.0] [--bw-mib 2048] [--rotate-mib 2048] [--rounds 3]
 // shapes are m:k:n (m tokens, k inputs, n outputs); one JSON object per line on stdout.
 // For few tokens (m <= 16, the memory-bound regime) the graph multiplies by enough copies of the
 // weights to cover --rotate-mib, so that the weights stream from DRAM rather than from the cache;
-// the bandwidth buffer is --bw-mib large for the same reason.
+// the bandwidth buffer is --bw-mib large for the same reason. Those shapes are measured in --rounds
+// rounds (min-time split between them), each between two bandwidth measurements with the same
+// threads: its record carries their mean as bw_gbps.
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -104,9 +106,10 @@ static std::vector<uint8_t> quantize(ggml_type type, const std::vector<float> & 
     return q;
 }
 
-// streaming read bandwidth (GB/s) of a buffer of bytes with n_threads threads, best of a few passes
-static double read_bandwidth(const std::vector<uint64_t> & buf, int n_threads, double min_time) {
-    double best = 0.0;
+// streaming read bandwidth (GB/s) of a buffer of bytes with n_threads threads: the median of the passes
+// made in min_time (at least min_passes), the statistic the kernels are timed with
+static double read_bandwidth(const std::vector<uint64_t> & buf, int n_threads, double min_time, int min_passes = 3) {
+    std::vector<double> gbps;
     std::atomic<uint64_t> sink { 0 };
     const auto t_end = clk::now() + std::chrono::duration<double>(min_time);
     do {
@@ -130,9 +133,10 @@ static double read_bandwidth(const std::vector<uint64_t> & buf, int n_threads, d
             t.join();
         }
         const double dt = std::chrono::duration<double>(clk::now() - t0).count();
-        best = std::max(best, buf.size() * sizeof(uint64_t) / dt / 1e9);
-    } while (clk::now() < t_end);
-    return best;
+        gbps.push_back(buf.size() * sizeof(uint64_t) / dt / 1e9);
+    } while (clk::now() < t_end || (int) gbps.size() < min_passes);
+    std::sort(gbps.begin(), gbps.end());
+    return gbps[gbps.size() / 2];
 }
 
 // The int8 multiply-accumulate peak of one core: 24 independent vpdpbusd chains on registers (no
@@ -238,6 +242,7 @@ int main(int argc, char ** argv) {
     double min_time = 1.0;
     int bw_mib = 2048;
     int rotate_mib = 2048;
+    int rounds = 3;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto next = [&]() -> std::string {
@@ -259,6 +264,8 @@ int main(int argc, char ** argv) {
             bw_mib = atoi(next().c_str());
         } else if (a == "--rotate-mib") {
             rotate_mib = atoi(next().c_str());
+        } else if (a == "--rounds") {
+            rounds = std::max(1, atoi(next().c_str()));
         } else {
             fprintf(stderr, "unknown argument %s\n", a.c_str());
             return 1;
@@ -271,16 +278,15 @@ int main(int argc, char ** argv) {
     }
     const int max_threads = *std::max_element(threads.begin(), threads.end());
 
-    // bandwidth first, the same thread counts
-    {
-        std::vector<uint64_t> buf((size_t) bw_mib * 1024 * 1024 / sizeof(uint64_t));
-        for (size_t i = 0; i < buf.size(); ++i) {
-            buf[i] = i * 0x9e3779b97f4a7c15ull;
-        }
-        for (int nt : threads) {
-            printf("{\"kind\": \"bandwidth\", \"threads\": %d, \"gbps\": %.3f, \"mib\": %d}\n", nt, read_bandwidth(buf, nt, min_time), bw_mib);
-            fflush(stdout);
-        }
+    // bandwidth first, the same thread counts; the buffer is kept for the measurements next to each
+    // memory-bound kernel run (below)
+    std::vector<uint64_t> bw_buf((size_t) bw_mib * 1024 * 1024 / sizeof(uint64_t));
+    for (size_t i = 0; i < bw_buf.size(); ++i) {
+        bw_buf[i] = i * 0x9e3779b97f4a7c15ull;
+    }
+    for (int nt : threads) {
+        printf("{\"kind\": \"bandwidth\", \"threads\": %d, \"gbps\": %.3f, \"mib\": %d}\n", nt, read_bandwidth(bw_buf, nt, min_time), bw_mib);
+        fflush(stdout);
     }
 
     // int8 VNNI peak, the same thread counts (the ceiling of the many-token kernels)
@@ -365,27 +371,39 @@ int main(int argc, char ** argv) {
                 }
                 const bool supported = ggml_backend_supports_op(backend, out);
 
+                // memory-bound shapes (m <= 16): `rounds` measurements, each between two bandwidth measurements
+                // with the same threads (the memory bandwidth a VM gets drifts within seconds: a ratio is only
+                // meaningful against the bandwidth of the same moment)
+                const bool memory_bound = m <= 16;
                 for (int nt : threads) {
                     if (!supported) {
                         break;
                     }
                     ggml_backend_cpu_set_n_threads(backend, nt);
                     ggml_backend_graph_compute(backend, gf); // warm-up
-                    std::vector<double> times;
-                    const auto t_end = clk::now() + std::chrono::duration<double>(min_time);
-                    do {
-                        const auto t0 = clk::now();
-                        ggml_backend_graph_compute(backend, gf);
-                        times.push_back(std::chrono::duration<double>(clk::now() - t0).count());
-                    } while (clk::now() < t_end || times.size() < 3);
-                    std::sort(times.begin(), times.end());
-                    const double t = times[times.size() / 2] / copies;
-                    const double macs = (double) m * n * k;
-                    printf("{\"kind\": \"mul_mat\", \"type\": \"%s\", \"m\": %lld, \"k\": %lld, \"n\": %lld, \"threads\": %d, "
-                           "\"seconds\": %.9f, \"gmacs\": %.3f, \"weight_bytes\": %zu, \"weight_gbps\": %.3f, \"runs\": %zu, \"copies\": %lld, \"quantize_s\": %.2f}\n",
-                           ggml_type_name(type), (long long) m, (long long) k, (long long) n, nt, t, macs / t / 1e9,
-                           q.size(), q.size() / t / 1e9, times.size(), (long long) copies, tq);
-                    fflush(stdout);
+                    for (int round = 0; round < (memory_bound ? rounds : 1); ++round) {
+                        const double bw0 = memory_bound ? read_bandwidth(bw_buf, nt, 0.0) : 0.0;
+                        std::vector<double> times;
+                        const auto t_end = clk::now() + std::chrono::duration<double>(memory_bound ? min_time / rounds : min_time);
+                        do {
+                            const auto t0 = clk::now();
+                            ggml_backend_graph_compute(backend, gf);
+                            times.push_back(std::chrono::duration<double>(clk::now() - t0).count());
+                        } while (clk::now() < t_end || times.size() < 3);
+                        const double bw1 = memory_bound ? read_bandwidth(bw_buf, nt, 0.0) : 0.0;
+                        std::sort(times.begin(), times.end());
+                        const double t = times[times.size() / 2] / copies;
+                        const double macs = (double) m * n * k;
+                        printf("{\"kind\": \"mul_mat\", \"type\": \"%s\", \"m\": %lld, \"k\": %lld, \"n\": %lld, \"threads\": %d, "
+                               "\"round\": %d, \"seconds\": %.9f, \"gmacs\": %.3f, \"weight_bytes\": %zu, \"weight_gbps\": %.3f, ",
+                               ggml_type_name(type), (long long) m, (long long) k, (long long) n, nt, round, t, macs / t / 1e9,
+                               q.size(), q.size() / t / 1e9);
+                        if (memory_bound) {
+                            printf("\"bw_gbps\": %.3f, ", 0.5 * (bw0 + bw1));
+                        }
+                        printf("\"runs\": %zu, \"copies\": %lld, \"quantize_s\": %.2f}\n", times.size(), (long long) copies, tq);
+                        fflush(stdout);
+                    }
                 }
                 if (!supported) {
                     printf("{\"kind\": \"unsupported\", \"type\": \"%s\", \"m\": %lld, \"k\": %lld, \"n\": %lld}\n",
