@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-# The slowest test files first, slowest leading (wall time per file in an unloaded run of the suite on 2 cores,
-# 2026-12-03: 271, 261, 238, 206, 188, 186, 167, 145, 123, 108, 101 s; docs/reliability.md). ci/test.sh runs
-# pytest-xdist with --dist loadfile, which hands whole files to the workers in collection order: a long file
-# collected last would run alone while the other worker idles. Every other file keeps its place.
-SLOW_FILES_FIRST = ("test_qat_mllama.py", "test_phone_path.py", "test_codec_importance.py", "test_ci_tooling.py",
-                    "test_convert.py", "test_qat_train.py", "test_kv_smollm2.py", "test_gptq_s3d8.py",
-                    "test_convert_smollm2.py", "test_faults.py", "test_convert_upstream.py")
+# The slowest test files first, slowest leading (the sum of their cases' times in the CI-like run of 2026-12-04,
+# docs/reliability.md "CI time": 285, 190, 167, 162, 140, 132, 122, 122, 98, 83, 71 s; every other file under 35 s).
+# ci/test.sh runs pytest-xdist with --dist loadfile, which hands whole files to the workers in collection order: a
+# long file collected last would run alone while the other worker idles. Every other file keeps its place.
+SLOW_FILES_FIRST = ("test_qat_mllama.py", "test_phone_path.py", "test_ci_tooling.py", "test_codec_importance.py",
+                    "test_convert.py", "test_qat_train.py", "test_gptq_s3d8.py", "test_convert_smollm2.py",
+                    "test_kv_smollm2.py", "test_faults.py", "test_convert_upstream.py")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
