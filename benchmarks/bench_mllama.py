@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -164,8 +165,23 @@ def main() -> int:
                   "text_layers": args.text_layers, "n_gen": args.n_gen, "reps": args.reps,
                   "load": [load_before, os.getloadavg()[0]], "rows": rows}
         raw.write_text(json.dumps(result, indent=1))
-    write_report(json.loads(raw.read_text()), args)
+    kept = args.doc.with_name("benchmarks-mllama.json")  # the raw results, kept with the report
+    if not args.report_only or not kept.exists():
+        if not raw.exists():
+            sys.exit(f"no raw results in {shown(raw)} or {shown(kept)}: run without --report-only first")
+        shutil.copyfile(raw, kept)
+    write_report(json.loads(kept.read_text()), args)
     return 0
+
+
+def _best(r: dict[str, Any]) -> tuple[float, float, float]:
+    """Encode seconds (fastest run), prompt and generation tokens/s (fastest runs) of one row."""
+    return (min(x["encode_ms"] for x in r["runs"]) / 1000, max(x.get("prompt_tps", 0.0) for x in r["runs"]),
+            max(x["gen_tps"] for x in r["runs"]))
+
+
+def _ratio(num: float | None, den: float | None) -> str:
+    return f"{num / den:.2f}x" if num and den else "-"
 
 
 def write_report(result: dict, args: argparse.Namespace) -> None:
@@ -177,17 +193,50 @@ def write_report(result: dict, args: argparse.Namespace) -> None:
              + ("one run per row. " if result['reps'] == 1 else f"fastest of {result['reps']} runs. ") +
              "Encode: the vision encoder + projector on the 4 tiles; prompt: the chat's prompt tokens with the image's "
              "cross-attention states; generation: tokens/s of the answer. "
-             f"Raw results: `{shown(args.work / 'bench_mllama.json')}`.", "",
-             "| text | mmproj | threads | text MiB | mmproj MiB | encode s | prompt tok/s | generation tok/s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             f"Raw results: `{shown(args.doc.with_name('benchmarks-mllama.json'))}`.", "",
+             "Speed-ups: the encode against the Q8_0 mmproj's, generation against the Q8_0 and Q4_0 text models' "
+             "(each with the Q8_0 mmproj), at the same thread count.", "",
+             "| text | mmproj | threads | text MiB | mmproj MiB | encode s | prompt tok/s | generation tok/s "
+             "| encode vs Q8_0 mmproj | generation vs Q8_0 text | generation vs Q4_0 text |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    best = {(r["text"], r["mmproj"], r["threads"]): _best(r) for r in result["rows"]}
     for r in result["rows"]:
-        enc = min(x["encode_ms"] for x in r["runs"]) / 1000
-        ptps = max(x.get("prompt_tps", 0.0) for x in r["runs"])
-        gtps = max(x["gen_tps"] for x in r["runs"])
+        enc, ptps, gtps = best[(r["text"], r["mmproj"], r["threads"])]
+        q8 = best.get(("q8_0", "q8_0", r["threads"]))
+        q4 = best.get(("q4_0", "q8_0", r["threads"]))
         lines.append(f"| {r['text']} | {r['mmproj']} | {r['threads']} | {r['text_mib']:.0f} | {r['mmproj_mib']:.0f} | "
-                     f"{enc:.1f} | {ptps:.1f} | {gtps:.1f} |")
-    write_section(args.doc, "mllama", "## mllama path (llama-mtmd-cli)\n\n" + "\n".join(lines), title="S3D8 benchmarks")
-    print(f"wrote the mllama section of {args.doc}")
+                     f"{enc:.1f} | {ptps:.1f} | {gtps:.1f} | {_ratio(q8 and q8[0], enc)} | "
+                     f"{_ratio(gtps, q8 and q8[2])} | {_ratio(gtps, q4 and q4[2])} |")
+    png = args.doc.with_name("benchmarks-mllama.png")
+    text = "## mllama path (llama-mtmd-cli)\n\n" + "\n".join(lines) + f"\n\n![mllama: encode and chat]({png.name})\n"
+    write_section(args.doc, "mllama", text, title="S3D8 benchmarks")
+    plot(result, best, png)
+    print(f"wrote the mllama section of {args.doc} and {png}")
+
+
+def plot(result: dict[str, Any], best: dict[tuple[str, str, int], tuple[float, float, float]], path: Path) -> None:
+    """Encode seconds, prompt and generation tokens/s per text / mmproj pair (S3D8 pairs outlined)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(best)
+    labels = [f"{t} / {m}" + (f"\n{n} threads" if len({k[2] for k in keys}) > 1 else "") for t, m, n in keys]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.5))
+    for ax, i, title in ((axes[0], 0, "encode one 4-tile image (s, lower is better)"),
+                         (axes[1], 1, "prompt (tokens/s)"), (axes[2], 2, "generation (tokens/s)")):
+        bars = ax.bar(range(len(keys)), [best[k][i] for k in keys], color="tab:blue")
+        for b, (t, m, _) in zip(bars, keys):
+            if "s3d8" in (t, m):
+                b.set_edgecolor("black")
+                b.set_linewidth(1.5)
+                b.set_facecolor("tab:orange")
+        ax.set_xticks(range(len(keys)), labels, rotation=30, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+    fig.suptitle(f"llama-mtmd-cli, text / mmproj type ({result['cpu']}, {result['date']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
