@@ -1,11 +1,12 @@
 """What the benchmark scripts share: the repository's paths, the host build's tools, logged commands, the CPU's
-name and paths as reports show them. Importing it puts the repository root on ``sys.path``, so the scripts can
+name, paths as reports show them and the raw results kept next to a report. Importing it puts the repository root on ``sys.path``, so the scripts can
 import ``convert`` and ``tests.mllama`` when run as ``python benchmarks/<script>.py``.
 """
 
 from __future__ import annotations
 
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,14 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def keep_raw_results(raw: Path, kept: Path, report_only: bool) -> Path:
+    """The raw results a report is written from, kept next to it (``kept``, in docs/): a measuring run copies its
+    fresh ``raw`` file there; ``--report-only`` reuses the kept copy (on a fresh clone there is no ``raw``) and
+    copies ``raw`` only when nothing is kept yet. Exits with the reason when neither exists."""
+    if not report_only or not kept.exists():
+        if not raw.exists():
+            sys.exit(f"no raw results in {shown(raw)} or {shown(kept)}: run without --report-only first")
+        shutil.copyfile(raw, kept)
+    return kept

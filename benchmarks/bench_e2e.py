@@ -22,14 +22,13 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_common import ROOT, cpu_name, run, shown, tool  # type: ignore[import-not-found]
+from bench_common import ROOT, cpu_name, keep_raw_results, run, shown, tool  # type: ignore[import-not-found]
 from bench_kernels import build_harness  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
@@ -143,9 +142,7 @@ def main() -> int:
                   "files": {t: models[t].name for t in types}, "rows": rows,
                   "bandwidth_gbps": {str(n): bw for n, bw in bandwidth.items()}}
         raw.write_text(json.dumps(result, indent=1))
-    kept = args.doc.with_name("benchmarks-e2e.json")  # the raw results, kept with the report
-    if not args.report_only or not kept.exists():
-        shutil.copyfile(raw, kept)
+    kept = keep_raw_results(raw, args.doc.with_name("benchmarks-e2e.json"), args.report_only)
     write_report(json.loads(kept.read_text()), args)
     return 0
 

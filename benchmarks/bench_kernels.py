@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_common import BUILD, LLAMA, ROOT, cpu_name, shown  # type: ignore[import-not-found]
+from bench_common import BUILD, LLAMA, ROOT, cpu_name, keep_raw_results, shown  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
 
@@ -162,9 +162,7 @@ def main() -> int:
                                    "--min-time", str(args.min_time), "--rounds", str(args.rounds)], check=True, capture_output=True, text=True)
             f.write(proc.stdout)
             f.write(json.dumps({"kind": "load", "before": load_before, "after": os.getloadavg()[0]}) + "\n")
-    kept = args.doc.with_name(f"benchmarks-kernels{_suffix(args)}.jsonl")  # the raw results, kept with the report
-    if not args.report_only or not kept.exists():
-        shutil.copyfile(raw, kept)
+    kept = keep_raw_results(raw, args.doc.with_name(f"benchmarks-kernels{_suffix(args)}.jsonl"), args.report_only)
     rows = [json.loads(line) for line in kept.read_text().splitlines() if line.startswith("{")]
     loop = hot_loop_instructions()
     write_report(rows, loop, args, i8mm_prefill_instructions())

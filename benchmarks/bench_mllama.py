@@ -25,20 +25,21 @@ import datetime
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_common import ROOT, cpu_name, run, shown, tool  # type: ignore[import-not-found]
+from bench_common import ROOT, cpu_name, keep_raw_results, run, shown, tool  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
 # the toy byte-level tokenizer is none of the pre-tokenizers the converter recognises; llama.cpp's llama-bpe
 # splits its text as the tests do (tests/mllama/harness.py)
 TOKENIZER = ["--tokenizer-pre", "llama-bpe"]
 # (text type, mmproj type): text types compared with the Q8_0 mmproj, mmproj types with the S3D8 text model
+# the raw results, kept next to docs/benchmarks.md
+RAW_NAME = "benchmarks-mllama.json"
 VARIANTS = [("q8_0", "q8_0"), ("q4_0", "q8_0"), ("s3d8", "q8_0"), ("s3d8", "f16"), ("s3d8", "s3d8")]
 
 
@@ -165,11 +166,7 @@ def main() -> int:
                   "text_layers": args.text_layers, "n_gen": args.n_gen, "reps": args.reps,
                   "load": [load_before, os.getloadavg()[0]], "rows": rows}
         raw.write_text(json.dumps(result, indent=1))
-    kept = args.doc.with_name("benchmarks-mllama.json")  # the raw results, kept with the report
-    if not args.report_only or not kept.exists():
-        if not raw.exists():
-            sys.exit(f"no raw results in {shown(raw)} or {shown(kept)}: run without --report-only first")
-        shutil.copyfile(raw, kept)
+    kept = keep_raw_results(raw, args.doc.with_name(RAW_NAME), args.report_only)
     write_report(json.loads(kept.read_text()), args)
     return 0
 
@@ -193,7 +190,7 @@ def write_report(result: dict, args: argparse.Namespace) -> None:
              + ("one run per row. " if result['reps'] == 1 else f"fastest of {result['reps']} runs. ") +
              "Encode: the vision encoder + projector on the 4 tiles; prompt: the chat's prompt tokens with the image's "
              "cross-attention states; generation: tokens/s of the answer. "
-             f"Raw results: `{shown(args.doc.with_name('benchmarks-mllama.json'))}`.", "",
+             f"Raw results: `{shown(args.doc.with_name(RAW_NAME))}`.", "",
              "Speed-ups: the encode against the Q8_0 mmproj's, generation against the Q8_0 and Q4_0 text models' "
              "(each with the Q8_0 mmproj), at the same thread count.", "",
              "| text | mmproj | threads | text MiB | mmproj MiB | encode s | prompt tok/s | generation tok/s "
