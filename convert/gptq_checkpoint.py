@@ -1,6 +1,7 @@
-"""``--gptq-checkpoint`` / ``--calibration``: write S3D8 containers made by GPTQ (``qat.gptq_s3d8``) verbatim.
+"""``--gptq-checkpoint``: write S3D8 containers made by GPTQ (``python -m qat.gptq_s3d8 ... -o FILE``) verbatim.
 
-The file (:mod:`gguf_s3d8.tensor_file`) holds finished containers by GGUF name, each with the fingerprint of the
+GPTQ needs torch and calibration data; it runs as its own first command, and this module imports nothing of
+``qat``. The file (:mod:`gguf_s3d8.tensor_file`) holds finished containers by GGUF name, each with the fingerprint of the
 weight it was computed from; the converter writes a container instead of encoding the tensor only if the tensor
 is S3D8 in this conversion's type plan and its weights are exactly those (else a clear error). S3D8 tensors of
 the plan that the file lacks are encoded as usual (``--encoder``), with a warning.
@@ -8,25 +9,13 @@ the plan that the file lacks are encoded as usual (``--encoder``), with a warnin
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Mapping
 
 from .common import ConversionOptions, ModelSource, planned_types
 from .errors import ConvertError
-
-
-def add_calibration_options(p: argparse.ArgumentParser, *, when: str = "") -> None:
-    """The calibration options of GPTQ, shared by ``python -m qat.gptq_s3d8`` and ``convert/to_gguf.py
-    --calibration`` (``when``: a prefix of the help texts, e.g. "with --calibration: "); torch-free, so the
-    converter's start-up does not import torch."""
-    p.add_argument("--calibration-tokens", type=int, default=32768, metavar="N",
-                   help=f"{when}calibration tokens, at most (default %(default)s)")
-    p.add_argument("--calibration-seq-len", type=int, default=512, metavar="L",
-                   help=f"{when}tokens per calibration sequence (default %(default)s)")
-    p.add_argument("--gptq-damp", type=float, default=0.05, metavar="D",
-                   help=f"{when}GPTQ damping, fraction of mean(diag H) (default %(default)s, the reference's)")
 
 
 def read_gptq_file(path: Path) -> object:
@@ -42,19 +31,14 @@ def read_gptq_file(path: Path) -> object:
 def apply_gptq_file(sources: list[tuple[ModelSource, ConversionOptions]], tensors: object,
                     path: Path) -> list[ConversionOptions]:
     """Options for each (source, options) output that write the file's containers; checks the type plans."""
-    from gguf import GGMLQuantizationType as QT
-
+    if tensors.plain:  # type: ignore[attr-defined]
+        raise ConvertError(f"{path}: a QAT export (python -m qat.export), not GPTQ's containers: use --qat-checkpoint")
     held = set(tensors.containers)  # type: ignore[attr-defined]
     placed: set[str] = set()
     out = []
     for source, options in sources:
         types = planned_types(source, options)
-        s3d8 = {name for name, qtype in types.items() if qtype == getattr(QT, "S3D8", None)}
-        names = set(types)
-        wrong = sorted((held & names) - s3d8)
-        if wrong:
-            raise ConvertError(f"{path}: {', '.join(wrong[:5])} {'are' if len(wrong) > 1 else 'is'} not S3D8 in this "
-                               "conversion (check --type / --fallback-type / --mmproj-type against the GPTQ run)")
+        s3d8 = check_containers(types, held, path, what="GPTQ run")
         missing = sorted(s3d8 - held)
         if missing:
             print(f"warning: {path.name} has no GPTQ container for {len(missing)} S3D8 tensor(s) "
@@ -66,3 +50,16 @@ def apply_gptq_file(sources: list[tuple[ModelSource, ConversionOptions]], tensor
     if unused:
         raise ConvertError(f"{path}: containers for {', '.join(unused[:5])} have no place in this model")
     return out
+
+
+def check_containers(types: Mapping[str, Any], held: set[str], path: Path, *, what: str) -> set[str]:
+    """The S3D8 tensors of a type plan (GGUF name -> type); ConvertError if the file holds a container for a tensor
+    the plan stores otherwise (``what`` made it: "GPTQ run", "QAT export")."""
+    from gguf import GGMLQuantizationType as QT
+
+    s3d8 = {name for name, qtype in types.items() if qtype == getattr(QT, "S3D8", None)}
+    wrong = sorted((held & set(types)) - s3d8)
+    if wrong:
+        raise ConvertError(f"{path}: {', '.join(wrong[:5])} {'are' if len(wrong) > 1 else 'is'} not S3D8 in this "
+                           f"conversion (check --type / --fallback-type / --mmproj-type against the {what})")
+    return s3d8

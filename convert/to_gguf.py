@@ -30,7 +30,6 @@ from gguf_s3d8.fsio import atomic_write
 
 from .common import ConversionOptions, ConversionReport, write_gguf
 from .errors import ConvertError
-from .gptq_checkpoint import add_calibration_options
 from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8_ENCODERS, S3D8Options
 
 _GGUF_MAGIC = b"GGUF"
@@ -65,8 +64,9 @@ examples:
   %(prog)s SmolLM2-135M-Instruct.Q4_1.gguf --type q8_0 -o smollm2-q8_0.gguf
   %(prog)s path/to/Llama-3.2-11B-Vision-Instruct --type s3d8 -o mllama-s3d8.gguf --mmproj mmproj-f16.gguf \
       --mmproj-type f16
-  %(prog)s path/to/SmolLM2-hf --type s3d8 --qat-checkpoint run/checkpoint.pt -o smollm2-qat-s3d8.gguf
-  %(prog)s path/to/SmolLM2-hf --type s3d8 --calibration wiki.txt -o smollm2-gptq-s3d8.gguf
+  python -m qat.export run/checkpoint.pt -o run/checkpoint.s3d8.safetensors     # then:
+  %(prog)s path/to/SmolLM2-hf --type s3d8 --qat-checkpoint run/checkpoint.s3d8.safetensors -o smollm2-qat-s3d8.gguf
+  python -m qat.gptq_s3d8 --model path/to/SmolLM2-hf --calibration wiki.txt -o gptq.safetensors   # then:
   %(prog)s path/to/SmolLM2-hf --type s3d8 --gptq-checkpoint gptq.safetensors -o smollm2-gptq-s3d8.gguf
 
 exit status: 0 ok, 2 bad input/options, 130 interrupted (143 on SIGTERM)
@@ -103,18 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mmproj-type", choices=OUT_TYPES, default=None,
                    help="type of the vision matrices with --mmproj (default: same as --type)")
     p.add_argument("--qat-checkpoint", type=Path, metavar="PATH", default=None,
-                   help="write the trained student of a qat.train checkpoint (its fp32 weights and frozen S3D8 "
-                        "codebooks; MODEL is the teacher's HF directory, for config and tokenizer): the file's "
-                        "dequantised weights equal the student's fake-quantised ones bit for bit (with --mmproj "
-                        "also the vision file's; --mmproj-type must be the training's --vision-type)")
+                   help="write the trained student exported by python -m qat.export CHECKPOINT -o PATH (its S3D8 "
+                        "containers with the frozen codebooks and scales, and its fp32 weights; MODEL is the "
+                        "teacher's HF directory, for config and tokenizer): the file's dequantised weights equal the "
+                        "student's fake-quantised ones bit for bit (with --mmproj also the vision file's; "
+                        "--mmproj-type must be the training's --vision-type)")
     p.add_argument("--gptq-checkpoint", type=Path, metavar="PATH", default=None,
                    help="write the S3D8 containers of a GPTQ run (python -m qat.gptq_s3d8 -o PATH) verbatim for the "
                         "tensors it holds; they must be S3D8 in this conversion and made from these very weights")
-    p.add_argument("--calibration", type=Path, metavar="FILE", default=None,
-                   help="run GPTQ first (qat.gptq_s3d8; needs torch and an HF directory as MODEL) on this calibration "
-                        "data - plain text, or a qat.generate JSONL (mllama: samples with images) - and write its "
-                        "containers; see also --calibration-tokens, --calibration-seq-len, --gptq-damp")
-    add_calibration_options(p, when="with --calibration: ")
+    p.add_argument("--calibration", type=Path, metavar="FILE", default=None, help=argparse.SUPPRESS)  # moved: error
     p.add_argument("--tokenizer-pre", metavar="NAME", default=None,
                    help="llama.cpp pre-tokenizer name (tokenizer.ggml.pre) when it cannot be detected, "
                         "e.g. llama-bpe or smollm")
@@ -151,9 +148,11 @@ def default_outfile(model: Path, out_type: str) -> Path:
 
 
 def convert(model: Path, outfile: Path, options: ConversionOptions, *, tokenizer_pre: str | None = None,
-            progress: bool = True, dry_run: bool = False, qat_checkpoint: Path | None = None) -> ConversionReport:
-    """Library entry point: convert ``model`` (with the weights of ``qat_checkpoint`` if given) to ``outfile``
-    (atomically) and return the report."""
+            progress: bool = True, dry_run: bool = False, qat_checkpoint: Path | None = None,
+            qat_tensors: Any = None) -> ConversionReport:
+    """Library entry point: convert ``model`` (with the weights of ``qat_checkpoint``, a ``qat.export`` file,
+    if given; ``qat_tensors``: that file already read by :func:`convert.qat_checkpoint.read_qat_export`) to
+    ``outfile`` (atomically) and return the report."""
     if options.out_type == "s3d8" or options.fallback_type == "s3d8":
         from .tensor_types import s3d8_codec
 
@@ -162,9 +161,11 @@ def convert(model: Path, outfile: Path, options: ConversionOptions, *, tokenizer
         raise ConvertError(f"{outfile}: is a directory; give a file name with --outfile")
     source = open_source(model, tokenizer_pre=tokenizer_pre)
     if qat_checkpoint is not None:
-        from .qat_checkpoint import apply_qat_checkpoint
+        from .qat_checkpoint import apply_qat_export, check_teacher, read_qat_export
 
-        source, options = apply_qat_checkpoint(source, qat_checkpoint, options)
+        tensors = qat_tensors if qat_tensors is not None else read_qat_export(qat_checkpoint)
+        check_teacher(model, tensors, qat_checkpoint)
+        source, options = apply_qat_export(source, tensors, qat_checkpoint, options)
     return write_gguf(source, outfile, options, progress=progress, dry_run=dry_run)
 
 
@@ -195,19 +196,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_mmproj_args(args)
         mopts = ConversionOptions(out_type=args.mmproj_type or args.out_type, fallback_type=args.fallback_type,
                                   s3d8=options.s3d8)
-        if args.gptq_checkpoint is not None or args.calibration is not None:
+        if args.calibration is not None:
+            raise ConvertError("the converter no longer runs GPTQ: run `python -m qat.gptq_s3d8 --model MODEL "
+                               "--calibration FILE -o gptq.safetensors` first, then convert with --gptq-checkpoint "
+                               "gptq.safetensors (docs/convert.md)")
+        if args.gptq_checkpoint is not None:
             options, mopts = _with_gptq(args, options, mopts)
-        report = convert(args.model, outfile, options, tokenizer_pre=args.tokenizer_pre,
-                         progress=not args.no_progress, dry_run=args.dry_run, qat_checkpoint=args.qat_checkpoint)
+        qat = None
+        if args.qat_checkpoint is not None:
+            from .qat_checkpoint import read_qat_export
+
+            qat = read_qat_export(args.qat_checkpoint)  # read once, for both outputs
+        report = convert(args.model, outfile, options, tokenizer_pre=args.tokenizer_pre, progress=not args.no_progress,
+                         dry_run=args.dry_run, qat_checkpoint=args.qat_checkpoint, qat_tensors=qat)
         print(report.format_table())
         if args.mmproj is not None:
             from .mllama import vision_source
 
             vision: Any = vision_source(args.model)  # an UpstreamSource, or the checkpoint-replaced one
-            if args.qat_checkpoint is not None:
-                from .qat_checkpoint import apply_qat_checkpoint
+            if qat is not None:
+                from .qat_checkpoint import apply_qat_export
 
-                vision, mopts = apply_qat_checkpoint(vision, args.qat_checkpoint, mopts)
+                vision, mopts = apply_qat_export(vision, qat, args.qat_checkpoint, mopts)
             print(write_gguf(vision, args.mmproj, mopts, progress=not args.no_progress,
                              dry_run=args.dry_run).format_table())
         if args.report_json is not None:
@@ -237,17 +247,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _with_gptq(args: argparse.Namespace, options: ConversionOptions,
                mopts: ConversionOptions) -> tuple[ConversionOptions, ConversionOptions]:
-    """--gptq-checkpoint / --calibration: the GPTQ containers (computed first with --calibration), checked
-    against the type plan of every output before any work."""
+    """--gptq-checkpoint: the GPTQ containers, checked against the type plan of every output before any work."""
     from .gptq_checkpoint import apply_gptq_file, read_gptq_file
 
-    if args.gptq_checkpoint is not None and args.calibration is not None:
-        raise ConvertError("--gptq-checkpoint and --calibration exclude each other (--calibration runs GPTQ itself)")
     if args.qat_checkpoint is not None:
         raise ConvertError("--qat-checkpoint already fixes the S3D8 weights; to train from a GPTQ start use "
-                           "python -m qat.train --init-from GPTQ_FILE, then convert with --qat-checkpoint")
+                           "python -m qat.train --init-from GPTQ_FILE, then python -m qat.export and --qat-checkpoint")
     if "s3d8" not in (args.out_type, args.mmproj_type):
-        raise ConvertError("--gptq-checkpoint / --calibration write S3D8 containers: add --type s3d8")
+        raise ConvertError("--gptq-checkpoint writes S3D8 containers: add --type s3d8")
     if args.imatrix is not None:
         raise ConvertError("--imatrix and GPTQ exclude each other (GPTQ takes the importance from its calibration data)")
     outputs = [(open_source(args.model, tokenizer_pre=args.tokenizer_pre), options)]
@@ -255,22 +262,7 @@ def _with_gptq(args: argparse.Namespace, options: ConversionOptions,
         from .mllama import vision_source
 
         outputs.append((vision_source(args.model), mopts))
-    if args.calibration is not None:
-        if args.model.is_file():
-            raise ConvertError("--calibration needs an HF checkpoint directory as MODEL (GPTQ runs the model in torch)")
-        try:
-            from qat.gptq_s3d8 import GPTQError, run
-        except ImportError as e:
-            raise ConvertError(f"--calibration needs torch (pip install torch): {e}") from e
-        try:
-            tensors = run(args.model, args.calibration, tokens=args.calibration_tokens, seq_len=args.calibration_seq_len,
-                          damp=args.gptq_damp, fallback_type=args.fallback_type, vision_type=args.mmproj_type or args.out_type,
-                          seed=args.seed, progress=not args.no_progress).tensor_file()
-        except GPTQError as e:
-            raise ConvertError(str(e)) from e
-        where = args.calibration
-    else:
-        tensors, where = read_gptq_file(args.gptq_checkpoint), args.gptq_checkpoint
+    tensors, where = read_gptq_file(args.gptq_checkpoint), args.gptq_checkpoint
     new = apply_gptq_file(outputs, tensors, where)
     return new[0], new[1] if len(new) > 1 else mopts
 

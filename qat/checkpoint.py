@@ -3,7 +3,7 @@
 :data:`CHECKPOINT_FORMAT`, ``version`` = :data:`CHECKPOINT_VERSION`, and the run's state (``model``: fp32 master
 weights; ``specs``: the weight specs with their frozen codebooks/scales; optimiser, schedule, losses, ...).
 
-Reading one needs torch only: no model building, data or training loop (those stay in :mod:`qat.train`).
+Reading one needs torch only: no model building, data or training loop (those are in :mod:`qat.training`).
 """
 
 from __future__ import annotations

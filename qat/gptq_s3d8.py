@@ -17,7 +17,7 @@ llama.cpp's row order, as :mod:`qat.student` plans it):
 
 The containers go into an S3D8 tensor file (:mod:`gguf_s3d8.tensor_file`, with the fingerprint of each source
 weight), which ``convert/to_gguf.py MODEL --type s3d8 --gptq-checkpoint FILE`` writes verbatim into the GGUF
-(``--calibration FILE`` runs this module first) and ``qat.train --init-from FILE`` starts QAT from.
+(GPTQ is this first command; the converter does not run it) and ``qat.train --init-from FILE`` starts QAT from.
 
 Calibration data: a plain text file (tokenised, cut into ``--seq-len`` windows) or a ``qat.generate`` JSONL
 (prompt + response per sample; for Llama 3.2 Vision with the images, which the vision encoder, projector and
@@ -39,7 +39,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from convert.gptq_checkpoint import add_calibration_options
 from qat.gptq import GPTQConfig, GPTQStats, collect_hessians, gptq_quantise
 
 PRODUCER = "gptq-iw1"
@@ -128,7 +127,8 @@ class Calibration:
 
 def read_calibration(model_dir: Path, path: Path, *, tokens: int, seq_len: int) -> Calibration:
     """Calibration batches for ``model_dir`` from a text file or a ``qat.generate`` JSONL (up to ``tokens``)."""
-    from qat.train import TrainError, model_type
+    from qat.errors import TrainError
+    from qat.training.models import model_type
 
     if not path.is_file():
         raise GPTQError(f"{path}: no such calibration file")
@@ -161,7 +161,8 @@ def read_calibration(model_dir: Path, path: Path, *, tokens: int, seq_len: int) 
 
 def _jsonl_calibration(model_dir: Path, path: Path, sha: str, *, tokens: int, seq_len: int) -> Calibration:
     from qat.data import read_samples
-    from qat.train import TrainError, sample_inputs, tokenise_samples
+    from qat.errors import TrainError
+    from qat.training.data import sample_inputs, tokenise_samples
 
     try:
         samples = read_samples(path)
@@ -232,7 +233,7 @@ def gptq_s3d8_model(model_dir: Path, calibration: Calibration, *, fallback_type:
     model whose codebooks and scales to keep (:func:`start_containers`)."""
     from tqdm import tqdm
 
-    from qat.train import load_teacher
+    from qat.training.models import load_teacher
 
     t0 = time.time()
     model = load_teacher(model_dir)
@@ -299,8 +300,17 @@ the same data), and write the finished containers for
   python convert/to_gguf.py MODEL --type s3d8 --gptq-checkpoint OUT -o model.gguf
   python -m qat.train --teacher MODEL --init-from OUT ...   (QAT from this start)
 
-(or do both steps at once: convert/to_gguf.py MODEL --type s3d8 --calibration FILE).
 """
+
+
+def add_calibration_options(p: argparse.ArgumentParser) -> None:
+    """The calibration options of GPTQ (the converter took them too while it ran GPTQ for ``--calibration``)."""
+    p.add_argument("--calibration-tokens", type=int, default=32768, metavar="N",
+                   help="calibration tokens, at most (default %(default)s)")
+    p.add_argument("--calibration-seq-len", type=int, default=512, metavar="L",
+                   help="tokens per calibration sequence (default %(default)s)")
+    p.add_argument("--gptq-damp", type=float, default=0.05, metavar="D",
+                   help="GPTQ damping, fraction of mean(diag H) (default %(default)s, the reference's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -310,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration", type=Path, required=True, metavar="FILE",
                    help="plain text (UTF-8) or a qat.generate JSONL (required for mllama: samples with images)")
     p.add_argument("-o", "--out", type=Path, required=True, metavar="FILE", help="S3D8 tensor file to write (.safetensors)")
-    add_calibration_options(p)  # convert.gptq_checkpoint: the converter's --calibration takes the same
+    add_calibration_options(p)
     p.add_argument("--fallback-type", choices=("q8_0", "f16", "bf16", "f32"), default="q8_0",
                    help="the converter's --fallback-type (decides which matrices are S3D8; default %(default)s)")
     p.add_argument("--vision-type", choices=("s3d8", "q8_0", "f16", "bf16", "f32"), default="s3d8",
@@ -330,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(model: Path, calibration: Path, *, tokens: int, seq_len: int, damp: float, fallback_type: str = "q8_0",
         vision_type: str = "s3d8", weights_dtype: str = "f32", seed: int = 0, progress: bool = True,
         start: Path | None = None) -> GPTQRun:
-    """Read the calibration file and GPTQ the model (the CLI and ``convert/to_gguf.py --calibration``)."""
+    """Read the calibration file and GPTQ the model (the CLI's work)."""
     cal = read_calibration(model, calibration, tokens=tokens, seq_len=seq_len)
     return gptq_s3d8_model(model, cal, fallback_type=fallback_type, vision_type=vision_type, seed=seed,
                            weights_dtype=weights_dtype, cfg=GPTQConfig(damp=damp), progress=progress, start=start)

@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Print the intra-project import edges of ``qat/`` and ``convert/`` and every import cycle among them.
+"""Print the intra-project import edges of ``gguf_s3d8/``, ``convert/`` and ``qat/``, the edges that go up a
+layer, and every import cycle among them.
+
+The packages are layered, lowest first: ``gguf_s3d8`` < ``convert`` < ``qat`` (:data:`LAYERS`). A module may
+import its own package and the packages below it, never one above (``convert`` imports nothing of ``qat``,
+``gguf_s3d8`` nothing of either), and nothing of ``tests``.
 
 Every ``import`` statement counts, also the ones inside functions (a lazy import still couples two modules;
 it only hides the cycle from the interpreter). An edge ``a -> b`` means module ``a`` imports module ``b``
-(``from b import x`` names ``b``, or ``b.x`` where ``x`` is a submodule). Only targets in ``qat``, ``convert``
-and ``tests`` are listed (``gguf_s3d8`` sits below both, numpy/torch/gguf outside).
+(``from b import x`` names ``b``, or ``b.x`` where ``x`` is a submodule). Only targets in the three packages and
+``tests`` are listed (numpy/torch/gguf are outside).
 
-    python tools/import_graph.py            # edges, edge counts between packages, then "cycles: none" or
-                                            # each strongly connected component of modules
-    python tools/import_graph.py --check    # exit 1 when there is a cycle (no output otherwise)
+    python tools/import_graph.py            # edges, edge counts between packages, upward edges ("upward: none"),
+                                            # then "cycles: none" or each strongly connected component of modules
+    python tools/import_graph.py --check    # exit 1 when an edge goes up a layer or there is a cycle (each printed)
     python tools/import_graph.py --reach convert.qat_checkpoint   # every module that one imports, transitively
 """
 
@@ -20,8 +25,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCANNED = ("qat", "convert")
-LISTED = ("qat", "convert", "tests")
+#: the packages, lowest layer first: each may import only itself and those before it
+LAYERS = ("gguf_s3d8", "convert", "qat")
+SCANNED = LAYERS
+LISTED = (*LAYERS, "tests")
 
 
 def module_name(path: Path) -> str:
@@ -64,6 +71,17 @@ def edges() -> set[tuple[str, str]]:
                     if target.split(".")[0] in LISTED and target != module:
                         found.add((module, target))
     return found
+
+
+def upward(graph: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The edges that break the layering: into a package of a higher layer than the importer's, or into ``tests``."""
+    rank = {p: i for i, p in enumerate(LAYERS)}
+    bad = []
+    for a, b in sorted(graph):
+        pa, pb = a.split(".")[0], b.split(".")[0]
+        if pb not in rank or rank[pb] > rank[pa]:
+            bad.append((a, b))
+    return bad
 
 
 def reachable(graph: set[tuple[str, str]], start: str) -> set[str]:
@@ -122,19 +140,22 @@ def cycles(graph: set[tuple[str, str]]) -> list[list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="only exit 1 if the graph has a cycle")
+    ap.add_argument("--check", action="store_true", help="only exit 1 if an edge goes up a layer or there is a cycle")
     ap.add_argument("--reach", metavar="MODULE", help="list the modules MODULE imports, transitively")
     args = ap.parse_args(argv)
     graph = edges()
     if args.reach:
         reached = sorted(reachable(graph, args.reach))
-        print(f"{args.reach} imports {len(reached)} modules of qat/convert/tests: {' '.join(reached)}")
+        print(f"{args.reach} imports {len(reached)} modules of {'/'.join(LISTED)}: {' '.join(reached)}")
         return 0
     found = cycles(graph)
+    up = upward(graph)
     if args.check:
+        for a, b in up:
+            print(f"upward import: {a} -> {b} (layers, lowest first: {' < '.join(LAYERS)})", file=sys.stderr)
         for component in found:
             print("import cycle: " + " <-> ".join(component), file=sys.stderr)
-        return 1 if found else 0
+        return 1 if found or up else 0
     for a, b in sorted(graph):
         print(f"{a} -> {b}")
     between: dict[tuple[str, str], int] = {}
@@ -144,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             between[pa, pb] = between.get((pa, pb), 0) + 1
     for (pa, pb), n in sorted(between.items()):
         print(f"package {pa} -> {pb}: {n} edges")
+    print("upward: " + ("none" if not up else ""))
+    for a, b in up:
+        print(f"  {a} -> {b}")
     print("cycles: " + ("none" if not found else ""))
     for component in found:
         print("  " + " <-> ".join(component))

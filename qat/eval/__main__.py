@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         name = f"transformers:{args.model}"
     elif args.student is not None:
         from qat.eval.backends import TransformersBackend
-        from qat.train import TrainError
+        from qat.errors import TrainError
 
         try:
             backend = TransformersBackend.from_qat_checkpoint(args.student, args.teacher, device=args.device)

@@ -102,10 +102,12 @@ class TransformersBackend:
     def from_qat_checkpoint(cls, path: Path | str, teacher: Path | str | None = None,
                             device: str = "cpu") -> "TransformersBackend":
         """The student of a ``qat.train`` checkpoint of an mllama teacher; ``teacher`` (the folder with the
-        processor files) defaults to the one the checkpoint was trained from. Raises ``qat.train.TrainError``."""
+        processor files) defaults to the one the checkpoint was trained from. Raises ``qat.errors.TrainError``."""
         from transformers import AutoProcessor
 
-        from qat.train import TrainError, load_checkpoint, student_from_checkpoint
+        from qat.checkpoint import load_checkpoint
+        from qat.errors import TrainError
+        from qat.training.models import student_from_checkpoint
 
         ck = load_checkpoint(Path(path))
         teacher_dir = Path(teacher or ck["teacher"])

@@ -81,7 +81,7 @@ def file_sha256(path: Path) -> str:
 def settings_of(a: argparse.Namespace, fmt_id: str, data_sha: str) -> dict[str, Any]:
     """What determines a format's result (not threads / gradient checkpointing, which only change the speed)."""
     from qat.formats import format_from_id
-    from qat.train import default_lr
+    from qat.training.loss import default_lr
 
     lr = a.lr if a.lr is not None else default_lr(recipe_lr_bits(format_from_id(fmt_id)))
     return {"data": str(a.data), "data_sha256": data_sha, "steps": a.steps, "batch": a.batch, "seq_len": a.seq_len,
@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     from convert.assets import smollm2_hf_dir, wiki_text
     from qat.data import read_samples
     from qat.text_eval import TeacherCache, evaluate, token_windows
-    from qat.train import build_student, load_checkpoint, load_teacher
+    from qat.checkpoint import load_checkpoint
+    from qat.training.models import build_student, load_teacher
     from qat.train import main as train_main
 
     teacher_dir = smollm2_hf_dir()

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 
-from qat.train import add_run_options, build_student, load_examples, main as train_main, run_argv, student_from_checkpoint
+from qat.train import add_run_options, main as train_main, run_argv
+from qat.training.data import load_examples
+from qat.training.models import build_student, student_from_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,7 +87,7 @@ def main() -> int:
 
     from qat.data import read_samples
     from qat.text_eval import token_windows
-    from qat.train import load_teacher
+    from qat.training.models import load_teacher
 
     teacher_dir = smollm2_hf_dir()
     tok = AutoTokenizer.from_pretrained(teacher_dir)
@@ -98,7 +100,7 @@ def main() -> int:
         result["n_samples"] = len(read_samples(a.data))
     direct = build_student(teacher_dir)
     if a.init_from is not None:
-        from qat.train import start_from_file
+        from qat.training.models import start_from_file
 
         start_from_file(direct, a.init_from)
     result["start"] = "direct cast" if a.init_from is None else str(a.init_from)

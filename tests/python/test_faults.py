@@ -42,7 +42,8 @@ from typing import Callable
 
 import pytest
 
-from qat.train import load_checkpoint, main as train_main
+from qat.checkpoint import load_checkpoint
+from qat.train import main as train_main
 from test_qat_train import _DIST_ENV, _args, _assert_identical, setup, straight  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]

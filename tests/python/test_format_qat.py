@@ -17,7 +17,9 @@ import torch
 
 from qat import tiny
 from qat.formats import format_from_id, format_id
-from qat.train import build_student, load_checkpoint, load_teacher, main
+from qat.checkpoint import load_checkpoint
+from qat.train import main
+from qat.training.models import build_student, load_teacher
 from test_qat_train import COMMON, _assert_identical
 
 FORMATS = ("int6_g128", "studentt6_g128", "lloydmax6", "s3d8")
@@ -103,13 +105,12 @@ def test_resume_is_bitwise_identical(small, run, tmp_path, capsys) -> None:
 
 
 def test_export_refuses_a_simulation_checkpoint(small, run, tmp_path, capsys) -> None:
-    from convert.to_gguf import main as convert_main
+    from qat.export import main as export_main
 
-    rc = convert_main([str(small[0]), "--type", "s3d8", "--qat-checkpoint", str(run[1]), "-o", str(tmp_path / "x.gguf"),
-                       "--tokenizer-pre", "llama-bpe", "--no-progress"])
+    rc = export_main([str(run[1]), "-o", str(tmp_path / "x.safetensors")])
     err = capsys.readouterr().err
     assert rc == 2 and f"qat.train --format {run[0]}" in err and "no GGUF form" in err
-    assert not (tmp_path / "x.gguf").exists()
+    assert not (tmp_path / "x.safetensors").exists()
 
 
 def test_format_cli_errors(small, tmp_path, capsys) -> None:

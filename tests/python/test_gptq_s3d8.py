@@ -1,4 +1,4 @@
-"""GPTQ into the S3D8 GGUF (qat.gptq_s3d8 -> convert --gptq-checkpoint / --calibration) and QAT from that start
+"""GPTQ into the S3D8 GGUF (qat.gptq_s3d8 -> convert --gptq-checkpoint) and QAT from that start
 (qat.train --init-from), on random matrices and on the tiny random Llama of qat.tiny (S3D8 q/k/v/gate/up with the
 RoPE row permutation, tied S3D8 embedding)."""
 
@@ -174,7 +174,7 @@ def _gguf_tensors(path: Path) -> dict[str, tuple[str, np.ndarray]]:
     return {t.name: (t.tensor_type.name, np.asarray(t.data)) for t in r.tensors}
 
 
-def test_gptq_checkpoint_is_written_verbatim_and_calibration_does_it_in_one_command(tiny_run) -> None:
+def test_gptq_checkpoint_is_written_verbatim_and_calibration_is_its_own_command(tiny_run) -> None:
     g = read_s3d8_tensors(tiny_run["gptq"])
     assert set(g.containers) == {"token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight",
                                  "blk.0.attn_v.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"}
@@ -185,14 +185,11 @@ def test_gptq_checkpoint_is_written_verbatim_and_calibration_does_it_in_one_comm
     got = _gguf_tensors(out)
     for name, c in g.containers.items():
         assert got[name][0] == "S3D8" and np.array_equal(got[name][1].reshape(-1), c.reshape(-1)), name
-    one = tiny_run["dir"] / "b.gguf"
-    # GPTQ's bytes depend on torch's thread count (its float32 Hessian and matmul reductions: measured, 1 and
-    # 2 threads give other ffn_gate/ffn_up containers on an AMD EPYC), so the one-command run gets the thread
-    # count of the fixture's `--threads 1`; a fixed thread count gives the same bytes on every run
-    _run("convert/to_gguf.py", str(tiny_run["teacher"]), "--type", "s3d8", "--calibration", str(tiny_run["text"]),
-         "--calibration-tokens", "2048", "--calibration-seq-len", "128", "-o", str(one), "--tokenizer-pre", "llama-bpe",
-         "--no-progress", env={"OMP_NUM_THREADS": "1"})
-    assert one.read_bytes() == out.read_bytes()
+    # GPTQ is the first of two commands: the converter no longer runs it, and says so
+    r = _run("convert/to_gguf.py", str(tiny_run["teacher"]), "--type", "s3d8", "--calibration", str(tiny_run["text"]),
+             "-o", str(tiny_run["dir"] / "b.gguf"), ok=False)
+    assert r.returncode == 2 and "python -m qat.gptq_s3d8 --model MODEL --calibration FILE" in r.stderr
+    assert "--gptq-checkpoint" in r.stderr and not (tiny_run["dir"] / "b.gguf").exists()
 
 
 def test_gptq_checkpoint_refuses_other_plans_and_other_weights(tiny_run) -> None:
@@ -224,7 +221,9 @@ def test_qat_from_the_gptq_start(tiny_run) -> None:
     """--init-from: the step-0 student computes with exactly the file's values; training keeps codebooks and
     scales frozen; the export of the trained student equals its fake-quantised weights bit for bit."""
     from qat.student import QuantEmbedding, QuantLinear, fake_quant_weight
-    from qat.train import build_student, load_checkpoint, main, start_from_file, student_from_checkpoint
+    from qat.checkpoint import load_checkpoint
+    from qat.train import main
+    from qat.training.models import build_student, start_from_file, student_from_checkpoint
 
     g = read_s3d8_tensors(tiny_run["gptq"])
     s0 = build_student(tiny_run["teacher"], given_codebooks=set(g.containers))
@@ -253,8 +252,9 @@ def test_qat_from_the_gptq_start(tiny_run) -> None:
             assert np.array_equal(spec["codebook"].numpy(), parts.codebook)
             assert np.array_equal(spec["scales"].numpy().astype(np.uint16), parts.scales_bf16)
     out = tiny_run["dir"] / "qat.gguf"
-    _run("convert/to_gguf.py", str(tiny_run["teacher"]), "--type", "s3d8", "--qat-checkpoint", str(run / "checkpoint.pt"),
-         "-o", str(out), "--tokenizer-pre", "llama-bpe", "--no-progress")
+    _run("-m", "qat.export", str(run / "checkpoint.pt"), "-o", str(run / "student.s3d8.safetensors"))
+    _run("convert/to_gguf.py", str(tiny_run["teacher"]), "--type", "s3d8", "--qat-checkpoint",
+         str(run / "student.s3d8.safetensors"), "-o", str(out), "--tokenizer-pre", "llama-bpe", "--no-progress")
     got = _gguf_tensors(out)
     student = student_from_checkpoint(run / "checkpoint.pt", tiny_run["teacher"])
     moved = 0

@@ -2,7 +2,7 @@
 
 Real photos (scikit-image's) -> teacher generation (``qat.generate``, transformers backend) -> a few QAT steps
 (``qat.train``: text model S3D8, vision encoder and projector S3D8) -> export (``convert/to_gguf.py
---qat-checkpoint --mmproj``) -> llama.cpp: the GGUFs hold exactly the student's fake-quantised weights, llama.cpp's
+--qat-checkpoint --mmproj`` of its ``qat.export``) -> llama.cpp: the GGUFs hold exactly the student's fake-quantised weights, llama.cpp's
 logits for an image prompt match the student's forward, and ``llama-mtmd-cli`` answers about a photo.
 """
 
@@ -25,6 +25,7 @@ N_SAMPLES, STEPS = 4, 3
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory) -> dict[str, Path]:
     from convert.to_gguf import main as convert_main
+    from qat.export import main as export_main
     from qat.generate import main as generate_main
     from qat.train import main as train_main
 
@@ -36,8 +37,9 @@ def pipeline(tmp_path_factory) -> dict[str, Path]:
     assert train_main(["--teacher", str(teacher), "--data", str(data), "--out", str(run), "--steps", str(STEPS),
                        "--batch", "2", "--seq-len", "320", "--save-every", str(STEPS), "--no-progress"]) == 0
     text, mmproj = d / "text-s3d8.gguf", d / "mmproj-s3d8.gguf"
-    assert convert_main([str(teacher), "--type", "s3d8", "--qat-checkpoint", str(run / "checkpoint.pt"), "-o", str(text),
-                         "--mmproj", str(mmproj), "--mmproj-type", "s3d8", "--tokenizer-pre", "llama-bpe",
+    assert export_main([str(run / "checkpoint.pt"), "-o", str(run / "student.s3d8.safetensors")]) == 0
+    assert convert_main([str(teacher), "--type", "s3d8", "--qat-checkpoint", str(run / "student.s3d8.safetensors"),
+                         "-o", str(text), "--mmproj", str(mmproj), "--mmproj-type", "s3d8", "--tokenizer-pre", "llama-bpe",
                          "--no-progress"]) == 0
     return {"teacher": teacher, "data": data, "checkpoint": run / "checkpoint.pt", "losses": run / "losses.json",
             "text": text, "mmproj": mmproj}
@@ -55,7 +57,7 @@ def test_data_and_training(pipeline) -> None:
 
 
 def _student(pipeline):
-    from qat.train import student_from_checkpoint
+    from qat.training.models import student_from_checkpoint
 
     return student_from_checkpoint(pipeline["checkpoint"], pipeline["teacher"]).eval()
 
@@ -119,7 +121,7 @@ def test_llama_cpp_logits_match_student(pipeline, tmp_path) -> None:
     from PIL import Image
 
     from qat.mllama_hf import cross_attention_mask, image_batch, meta_taps
-    from qat.train import load_teacher
+    from qat.training.models import load_teacher
 
     rng = np.random.default_rng(5)
     image = tmp_path / "img.png"

@@ -1,4 +1,5 @@
-"""QAT training (qat.train), resume, torchrun, and export (convert --qat-checkpoint) on a tiny random Llama.
+"""QAT training (qat.train), resume, torchrun, and export (qat.export, then convert --qat-checkpoint) on a tiny
+random Llama.
 
 The tiny teacher (qat.tiny) has S3D8 and Q8_0 matrices, a tied S3D8 embedding and S3D8 q/k projections whose
 rows the converter permutes, so every path of the student and the exporter is exercised.
@@ -20,7 +21,9 @@ import pytest
 import torch
 
 from qat import tiny
-from qat.train import load_checkpoint, load_teacher, main, student_from_checkpoint
+from qat.checkpoint import load_checkpoint
+from qat.train import main
+from qat.training.models import load_teacher, student_from_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 COMMON = ["--steps", "4", "--batch", "4", "--micro-batch", "2", "--seq-len", "40", "--threads", "1",
@@ -217,7 +220,7 @@ def test_torchrun_ranks_end_without_finalising_the_interpreter(setup, tmp_path) 
     FSDP2 keep the gloo group, and with it gloo's worker threads, alive past destroy_process_group, and a worker
     that takes the GIL during finalisation (it drops its last work a moment after waking the main thread, which a
     loaded machine stretches) is ended by CPython with pthread_exit -> std::terminate: "terminate called without an
-    active exception", SIGABRT (qat.train._end_rank). Before the fix every rank finalised with both
+    active exception", SIGABRT (qat.training.distributed.end_rank). Before the fix every rank finalised with both
     pt_gloo_runloop workers alive, which this test records."""
     probe = tmp_path / "probe.py"
     probe.write_text(_FINALISATION_PROBE)
@@ -266,7 +269,7 @@ def test_plain_text_data_trains_on_every_next_token(setup, tmp_path) -> None:
     """A .txt --data file: the text tokenised once, cut into consecutive --seq-len windows, every next token a
     loss position; training on it lowers the loss; the windows are the evaluation's (qat.text_eval)."""
     from qat.text_eval import token_windows
-    from qat.train import load_examples, sample_inputs
+    from qat.training.data import load_examples, sample_inputs
 
     teacher, _ = setup
     text = " ".join(tiny._WORDS[i % len(tiny._WORDS)] for i in range(400)) + "\n"
@@ -316,11 +319,21 @@ def test_cli_errors(setup, tmp_path, capsys) -> None:
 
 
 @pytest.fixture(scope="module")
-def exported(setup, straight, tmp_path_factory) -> Path:
+def export_file(straight, tmp_path_factory) -> Path:
+    """``python -m qat.export`` of the straight run: the file the converter's --qat-checkpoint reads."""
+    from qat.export import main as export_main
+
+    out = tmp_path_factory.mktemp("export") / "student.s3d8.safetensors"
+    assert export_main([str(straight), "-o", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(setup, export_file, tmp_path_factory) -> Path:
     from convert.to_gguf import main as convert_main
 
     out = tmp_path_factory.mktemp("export") / "student.gguf"
-    rc = convert_main([str(setup[0]), "--type", "s3d8", "--qat-checkpoint", str(straight), "-o", str(out),
+    rc = convert_main([str(setup[0]), "--type", "s3d8", "--qat-checkpoint", str(export_file), "-o", str(out),
                        "--tokenizer-pre", "llama-bpe", "--no-progress"])
     assert rc == 0
     return out
@@ -362,13 +375,62 @@ def test_export_is_bit_exact(setup, straight, exported) -> None:
     assert types["blk.0.attn_output.weight"] == "Q8_0" and "output.weight" not in types
 
 
-def test_export_refuses_other_fallback(setup, straight, tmp_path, capsys) -> None:
+def test_export_refuses_other_fallback(setup, export_file, tmp_path, capsys) -> None:
     from convert.to_gguf import main as convert_main
 
-    rc = convert_main([str(setup[0]), "--type", "s3d8", "--fallback-type", "f16", "--qat-checkpoint", str(straight),
+    rc = convert_main([str(setup[0]), "--type", "s3d8", "--fallback-type", "f16", "--qat-checkpoint", str(export_file),
                        "-o", str(tmp_path / "x.gguf"), "--tokenizer-pre", "llama-bpe", "--no-progress"])
     assert rc == 2 and "was trained as Q8_0" in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_export_file_and_its_bad_inputs(setup, straight, export_file, tmp_path, capsys) -> None:
+    """The export holds the student's S3D8 containers and fp32 masters; the converter refuses the checkpoint
+    itself (naming the export command), a GPTQ-only file and another model; the export refuses a checkpoint of
+    another model or another checkpoint version, naming what differs."""
+    from convert.to_gguf import main as convert_main
+    from gguf_s3d8.tensor_file import S3D8TensorFile, read_s3d8_tensors, write_s3d8_tensors
+    from qat.checkpoint import save_checkpoint
+    from qat.export import main as export_main
+
+    f = read_s3d8_tensors(export_file)
+    ck = load_checkpoint(straight)
+    assert f.producer == "qat-export" and set(f.plain) == set(ck["model"])
+    assert set(f.containers) == {s["gguf_name"] for s in ck["specs"].values() if s["qtype"] == "s3d8"}
+    assert f.info["weights"]["blk.0.attn_output.weight"]["qtype"] == "q8_0"
+
+    def convert(path: Path, model: Path = setup[0]) -> tuple[int, str]:
+        rc = convert_main([str(model), "--type", "s3d8", "--qat-checkpoint", str(path), "-o", str(tmp_path / "x.gguf"),
+                           "--tokenizer-pre", "llama-bpe", "--no-progress"])
+        assert not (tmp_path / "x.gguf").exists()
+        return rc, capsys.readouterr().err
+
+    rc, err = convert(straight)
+    assert rc == 2 and "a qat.train checkpoint" in err and f"python -m qat.export {straight}" in err
+    gptq = tmp_path / "gptq.safetensors"
+    write_s3d8_tensors(gptq, S3D8TensorFile(f.containers, f.fingerprints, "gptq-iw1"))
+    rc, err = convert(gptq)
+    assert rc == 2 and "not a QAT export" in err
+    wider = tiny.write_teacher(tmp_path / "wider", layers=2)
+    rc, err = convert(export_file, wider)
+    assert rc == 2 and "another model" in err and "num_hidden_layers (1 in the teacher, 2 here)" in err
+    other = json.loads((setup[0] / "config.json").read_text())
+    shutil.copytree(setup[0], tmp_path / "renamed")
+    # the same config with one weight's shape changed in the file: the converter names the tensor
+    bad = S3D8TensorFile(f.containers, f.fingerprints, f.producer, f.info,
+                         {**f.plain, "model.norm.weight": np.zeros(3, np.float32)})
+    write_s3d8_tensors(tmp_path / "bad.safetensors", bad)
+    rc, err = convert(tmp_path / "bad.safetensors", tmp_path / "renamed")
+    assert rc == 2 and "tensor model.norm.weight has shape (3,)" in err and other["hidden_size"] != 3
+
+    assert export_main([str(straight), "-o", str(tmp_path / "e.safetensors"), "--teacher", str(wider)]) == 2
+    err = capsys.readouterr().err
+    assert "has no place in the teacher" in err and "another model" in err
+    ck["version"] = 99
+    save_checkpoint(tmp_path / "v99.pt", ck)
+    assert export_main([str(tmp_path / "v99.pt"), "-o", str(tmp_path / "e.safetensors")]) == 2
+    assert "checkpoint version 99 (expected 1)" in capsys.readouterr().err
+    assert not (tmp_path / "e.safetensors").exists()
 
 
 #: Normwise relative error allowed between llama.cpp's logits and the student's forward. Both compute the
