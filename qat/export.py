@@ -56,13 +56,22 @@ def check_plan(ck: dict[str, Any], teacher: Path, config: dict[str, Any], path: 
     """Every weight spec of the checkpoint where the converter puts that weight of ``teacher`` today (GGUF name,
     type, shape), else ExportError naming the weight and what differs."""
     from convert.errors import ConvertError
-    from convert.upstream_source import checkpoint_placements
+    # heavy: the converter's upstream model classes (and torch through them)
+    from convert.upstream_source import UpstreamSource, checkpoint_placements
 
     args = ck.get("args", {})
     fallback = args.get("fallback_type", "q8_0")
     vision = args.get("vision_type", "s3d8") if config.get("model_type") == "mllama" else None  # as build_student
     try:
         place = checkpoint_placements(teacher, fallback_type=fallback, vision_type=vision)
+        sources = [UpstreamSource(teacher)] + ([UpstreamSource(teacher, mmproj=True)] if vision is not None else [])
+        for source in sources:  # the teacher's tensors, each in the checkpoint (a smaller student is another model)
+            held = {source.canonical_name(name) for name in ck["model"]}
+            lacking = sorted(set(source.hf_tensor_shapes()) - held)
+            if lacking:
+                raise ExportError(f"{path}: the teacher {teacher} has {len(lacking)} tensor(s) the checkpoint lacks "
+                                  f"({', '.join(lacking[:3])}{', ...' if len(lacking) > 3 else ''}): a checkpoint of "
+                                  "another model?")
     except ConvertError as e:
         raise ExportError(f"{path}: teacher {teacher}: {e}") from e
     for spec in ck["specs"].values():

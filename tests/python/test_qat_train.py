@@ -425,7 +425,15 @@ def test_export_file_and_its_bad_inputs(setup, straight, export_file, tmp_path, 
 
     assert export_main([str(straight), "-o", str(tmp_path / "e.safetensors"), "--teacher", str(wider)]) == 2
     err = capsys.readouterr().err
-    assert "has no place in the teacher" in err and "another model" in err
+    assert "tensor(s) the checkpoint lacks (model.layers.1." in err and "another model" in err
+    from convert.synthetic import write_tiny_llama
+
+    wide_ffn = write_tiny_llama(tmp_path / "wide-ffn", setup[0] / "tokenizer", hidden=tiny.HIDDEN, layers=1,
+                                heads=tiny.HEADS, kv_heads=tiny.KV_HEADS, ffn=2 * tiny.FFN, vocab=tiny.VOCAB,
+                                config_overrides={"head_dim": tiny.HEAD_DIM})
+    assert export_main([str(straight), "-o", str(tmp_path / "e.safetensors"), "--teacher", str(wide_ffn)]) == 2
+    err = capsys.readouterr().err
+    assert "weight model.layers.0." in err and f"the teacher {wide_ffn}" in err and "another model" in err
     ck["version"] = 99
     save_checkpoint(tmp_path / "v99.pt", ck)
     assert export_main([str(tmp_path / "v99.pt"), "-o", str(tmp_path / "e.safetensors")]) == 2
