@@ -141,6 +141,33 @@ def test_tensor_file_round_trip_and_damage(tmp_path: Path, start) -> None:
         read_s3d8_tensors(tmp_path / "junk.safetensors")
 
 
+def test_tensor_file_version_2_holds_plain_tensors(tmp_path: Path, start) -> None:
+    """Plain fp32 tensors (qat.export's masters) make a version-2 file; a file without them stays version 1 (the
+    bytes GPTQ wrote before); an unknown version is refused naming the versions this code reads."""
+    from safetensors import safe_open
+
+    w, _, c = start
+    plain = {"model.norm.weight": np.arange(4, dtype=np.float32)}
+    f = tmp_path / "q.safetensors"
+    write_s3d8_tensors(f, S3D8TensorFile({"blk.0.x.weight": c}, {"blk.0.x.weight": weight_fingerprint(w)}, "qat-export",
+                                         {}, plain))
+    back = read_s3d8_tensors(f)
+    assert set(back.containers) == {"blk.0.x.weight"} and np.array_equal(back.plain["model.norm.weight"], plain["model.norm.weight"])
+    with safe_open(str(f), "np") as h:
+        assert h.metadata()["version"] == "2"
+    one = tmp_path / "g.safetensors"
+    write_s3d8_tensors(one, S3D8TensorFile({"blk.0.x.weight": c}, {"blk.0.x.weight": weight_fingerprint(w)}, "test"))
+    with safe_open(str(one), "np") as h:
+        assert h.metadata()["version"] == "1" and "plain" not in h.metadata()
+    with pytest.raises(ValueError, match="both a container and a plain tensor"):
+        write_s3d8_tensors(tmp_path / "x.safetensors", S3D8TensorFile({"a": c}, {"a": "0"}, "t", {}, {"a": plain["model.norm.weight"]}))
+    from safetensors.numpy import save
+
+    (tmp_path / "v3.safetensors").write_bytes(save({"a": c}, metadata={"format": "s3d8-tensors", "version": "3"}))
+    with pytest.raises(S3D8TensorFileError, match="version '3' \\(this code reads 1 and 2\\)"):
+        read_s3d8_tensors(tmp_path / "v3.safetensors")
+
+
 # ---------------------------------------------------------------------------------------------------
 # the tiny Llama end to end
 
