@@ -29,6 +29,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+import gguf_s3d8
+from convert.errors import ConvertError
+from convert.upstream_source import UpstreamSource, checkpoint_placements
+from gguf_s3d8.importance import quantize_s3d8_with_scales
 from gguf_s3d8.tensor_file import S3D8TensorFile, weight_fingerprint, write_s3d8_tensors
 from qat.checkpoint import load_checkpoint
 from qat.errors import TrainError
@@ -55,10 +59,6 @@ def _teacher_config(teacher: Path) -> dict[str, Any]:
 def check_plan(ck: dict[str, Any], teacher: Path, config: dict[str, Any], path: Path) -> None:
     """Every weight spec of the checkpoint where the converter puts that weight of ``teacher`` today (GGUF name,
     type, shape), else ExportError naming the weight and what differs."""
-    from convert.errors import ConvertError
-    # heavy: the converter's upstream model classes (and torch through them)
-    from convert.upstream_source import UpstreamSource, checkpoint_placements
-
     args = ck.get("args", {})
     fallback = args.get("fallback_type", "q8_0")
     vision = args.get("vision_type", "s3d8") if config.get("model_type") == "mllama" else None  # as build_student
@@ -93,12 +93,8 @@ def check_plan(ck: dict[str, Any], teacher: Path, config: dict[str, Any], path: 
 def container(w_gguf: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
     """The S3D8 container of the fp32 weight ``w_gguf`` (llama.cpp's row order) with the spec's frozen codebook,
     and its frozen scales where it has them - what the student's fake quantiser computes."""
-    import gguf_s3d8
-
     name, codebook = spec["gguf_name"], spec["codebook"].numpy()
     if spec.get("scales") is not None:  # a student started from GPTQ / iw1
-        from gguf_s3d8.importance import quantize_s3d8_with_scales
-
         return quantize_s3d8_with_scales(w_gguf, codebook, spec["scales"].numpy().astype(np.uint16), name=name)
     return gguf_s3d8.quantize_s3d8_with_codebook(w_gguf, codebook, name=name)
 
