@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check the patch series against upstream llama.cpp: type-id collisions, drift, build and tests.
 
-    python3 ci/check_upstream.py                          # pinned tree only: ids + clean apply
+    python3 ci/check_upstream.py                          # the pin and every newer tree of ci/upstream.py: ids + clean apply
     python3 ci/check_upstream.py --against ~/src/llama.cpp  # also an existing checkout (its HEAD)
     python3 ci/check_upstream.py --against-ref master     # also a ref fetched from upstream (needs network)
     python3 ci/check_upstream.py --against ... --build    # and build + CTest the patched other tree
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import xml.etree.ElementTree as ET
 import shutil
 import subprocess
 import sys
@@ -132,9 +133,10 @@ def build_and_test(tree: Path, build_dir: Path) -> bool:
     return True
 
 
-def run_checks(commits: list[str], patch_dir: Path, pinned_tree: Path, build: bool,
+def run_checks(refs: list[str], patch_dir: Path, pinned_tree: Path, build: bool,
                keep: Path | None) -> list[Report]:
-    return [check_tree(c, patch_dir, pinned_tree, build and c != upstream.PINNED_COMMIT, keep) for c in commits]
+    """Check the series against each upstream tree (a ``ci/upstream.py`` tree name or a cached commit)."""
+    return [check_tree(r, patch_dir, pinned_tree, build and r != upstream.PIN, keep) for r in refs]
 
 
 def check_tree(commit: str, patch_dir: Path, pinned_tree: Path, build: bool, keep: Path | None) -> Report:
@@ -177,10 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", default=upstream.UPSTREAM_GIT_URL)
     ap.add_argument("--build", action="store_true", help="also build and run the C tests on the other tree")
     ap.add_argument("--keep", type=Path, help="keep the patched trees in this folder")
+    ap.add_argument("--junitxml", type=Path, help="also write one JUnit test case per tree checked")
     args = ap.parse_args(argv)
     try:
         pinned_tree = upstream.fetch()
-        commits = [upstream.PINNED_COMMIT]
+        commits = [upstream.PIN] + [t for t in upstream.CHECKED if t != upstream.PIN]
+        for name in commits[1:]:
+            upstream.fetch(name)
         if args.against:
             commits.append(upstream.resolve_checkout(args.against.resolve()))
         if args.against_ref:
@@ -193,7 +198,23 @@ def main(argv: list[str] | None = None) -> int:
     print("type ids added by the series: " + (", ".join(f"{k}={v}" for k, v in ids.items()) or "none"))
     for r in reports:
         print_report(r)
+    if args.junitxml is not None:
+        write_junit(reports, args.junitxml)
     return 0 if all(r.ok for r in reports) else 1
+
+
+def write_junit(reports: list[Report], path: Path) -> None:
+    """One test case per upstream tree: passed when the series applies cleanly and no type id collides."""
+    suite = ET.Element("testsuite", name="check-upstream", tests=str(len(reports)),
+                       failures=str(sum(not r.ok for r in reports)))
+    for r in reports:
+        case = ET.SubElement(suite, "testcase", classname="check-upstream", name=f"llama.cpp {r.commit}")
+        if not r.ok:
+            lines = r.collisions + [f"{status} {name} {detail}".strip() for name, status, detail in r.patch_status
+                                    if status != "clean"] + (["build + tests failed"] if r.build_ok is False else [])
+            ET.SubElement(case, "failure", message="; ".join(lines)[:2000])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Workflow (patches are edited as real code, then regenerated):
     cd work/llama.cpp && $EDITOR ... && git commit --fixup/--amend or git rebase -i upstream-base
     python3 ci/patches.py export           # rewrite ggml-patches/ from the commits upstream-base..HEAD
     python3 ci/patches.py check            # apply -> export in a temp dir must reproduce ggml-patches/ byte for byte
+    python3 ci/patches.py rebase --onto b11549   # move work/llama.cpp onto another upstream tree (docs/upstreaming.md)
 
 The series is ``ggml-patches/series`` (one file name a line, in application order, as quilt keeps it) and the
 files it names, ``<subject>.patch`` (``git format-patch``'s name without its ``NNNN-`` number, so that adding,
@@ -116,9 +117,10 @@ def has_unexported_work(tree: Path) -> str | None:
     return status or None
 
 
-def series_digest(patch_dir: Path = PATCH_DIR) -> str:
-    """A digest of the series' file names and bytes: what a working tree was made from."""
-    h = hashlib.sha256()
+def series_digest(patch_dir: Path = PATCH_DIR, ref: str = upstream.PIN) -> str:
+    """A digest of the upstream tree's name and the series' file names and bytes: what a working tree was made from
+    (so that a new pin re-applies the series as a changed patch does)."""
+    h = hashlib.sha256(ref.encode() + b"\0")
     for p in series(patch_dir):  # names in order, then bytes: also a reordering changes the digest
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
@@ -129,17 +131,18 @@ def _stamp_path(tree: Path) -> Path:
     return tree.with_name(tree.name + ".applied")
 
 
-def make_base(tree: Path, commit: str = upstream.PINNED_COMMIT) -> None:
-    """A fresh git tree of the cached upstream ``commit`` with one deterministic commit tagged upstream-base."""
-    upstream.extract_tree(commit, tree)
+def make_base(tree: Path, ref: str = upstream.PIN) -> None:
+    """A fresh git tree of the cached upstream tree ``ref`` (a tree name or a commit) with one deterministic commit
+    tagged upstream-base."""
+    upstream.extract_tree(ref, tree)
     git(tree, "init", "-q", "-b", "main")
     git(tree, "add", "-A", "-f")
-    git(tree, "commit", "-q", "--no-verify", "--no-gpg-sign", "-m", f"upstream llama.cpp {commit}", env=_BASE_ENV)
+    git(tree, "commit", "-q", "--no-verify", "--no-gpg-sign", "-m", f"upstream llama.cpp {ref}", env=_BASE_ENV)
     git(tree, "tag", BASE_TAG)
 
 
 def apply(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR, force: bool = False,
-          commit: str = upstream.PINNED_COMMIT) -> Path:
+          ref: str = upstream.PIN) -> Path:
     """Create ``tree`` as a fresh patched copy of the pinned upstream tree."""
     if tree.exists():
         dirty = has_unexported_work(tree)
@@ -148,7 +151,7 @@ def apply(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR, force: boo
                              + dirty)
         shutil.rmtree(tree)
     todo = series(patch_dir)
-    make_base(tree, commit)
+    make_base(tree, ref)
     if todo:
         # one `git am -3` over the whole series: a conflict is left in the tree (three-way merge markers) and
         # `git am --continue` goes on with the rest of the series
@@ -160,13 +163,22 @@ def apply(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR, force: boo
             name = todo[stopped - 1].name if 0 < stopped <= len(todo) else "(unknown: git am ended early)"
             detail = "\n".join(ln for ln in (r.stdout + r.stderr).splitlines()
                                 if ln.startswith(("error:", "warning:", "fatal:", "CONFLICT")))
-            raise PatchError(f"patch {name} does not apply cleanly to llama.cpp {commit[:12]}:\n{detail}\n"
+            raise PatchError(f"patch {name} does not apply cleanly to llama.cpp {ref[:12]}:\n{detail}\n"
                              f"the conflict is left in {tree} (in `git am`'s state): resolve it there, `git add` the "
                              f"files, `git am --continue` (the rest of the series follows; `git am --abort` gives up), "
                              f"then `python3 ci/patches.py export`")
     head = git(tree, "rev-parse", "HEAD").stdout.strip()
-    _stamp_path(tree).write_text(f"{series_digest(patch_dir)} {head}\n")
+    _stamp_path(tree).write_text(f"{series_digest(patch_dir, ref)} {head}\n")
     return tree
+
+
+def base_ref(tree: Path) -> str:
+    """The upstream tree a patched tree was made from (named in its base commit by ``make_base``)."""
+    subject = git(tree, "log", "-1", "--format=%s", BASE_TAG).stdout.strip()
+    prefix = "upstream llama.cpp "
+    if not subject.startswith(prefix):
+        raise PatchError(f"{tree}: the {BASE_TAG} commit ({subject!r}) was not made by ci/patches.py")
+    return subject[len(prefix):]
 
 
 def sync(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR) -> str:
@@ -217,8 +229,49 @@ def export(tree: Path = DEFAULT_WORKTREE, patch_dir: Path = PATCH_DIR) -> list[P
             out.append(dest)
         (patch_dir / SERIES_FILE).write_text("".join(f"{n}\n" for n in names))
     # the tree now is exactly what the series describes
-    _stamp_path(tree).write_text(f"{series_digest(patch_dir)} {git(tree, 'rev-parse', 'HEAD').stdout.strip()}\n")
+    head = git(tree, "rev-parse", "HEAD").stdout.strip()
+    _stamp_path(tree).write_text(f"{series_digest(patch_dir, base_ref(tree))} {head}\n")
     return out
+
+
+OLD_BASE_TAG = "upstream-base-before-rebase"
+
+
+def rebase(tree: Path = DEFAULT_WORKTREE, onto: str = upstream.PIN) -> str:
+    """Move the patched ``tree`` onto another upstream tree with ``git rebase`` (a three-way merge of each patch
+    with the blobs of both trees at hand: it resolves what ``git am -3`` on a fresh tree cannot, e.g. two lines
+    added at the same place, and stops at a real conflict in ``git rebase``'s state).
+
+    The new tree becomes a root commit tagged ``upstream-base`` (as ``make_base`` makes it, the old base kept as
+    ``upstream-base-before-rebase``); the series' commits are replayed onto it. Returns what to do next."""
+    if not (tree / ".git").exists():
+        raise PatchError(f"{tree} is not a patched working tree (run `ci/patches.py apply` first)")
+    dirty = has_unexported_work(tree)
+    if dirty:
+        raise PatchError(f"{tree} has uncommitted changes; commit or export them first:\n{dirty}")
+    if base_ref(tree) == onto:
+        raise PatchError(f"{tree} is already on llama.cpp {onto}")
+    branch = git(tree, "symbolic-ref", "--short", "-q", "HEAD", check=False).stdout.strip()
+    if not branch:
+        raise PatchError(f"{tree}: HEAD is detached (finish or abort the `git am` / `git rebase` in progress first)")
+    with tempfile.TemporaryDirectory(dir=upstream.cache_root()) as tmp:
+        new_tree = Path(tmp) / "tree"
+        upstream.extract_tree(onto, new_tree)
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git(tree, f"--work-tree={new_tree}", "add", "-A", "-f", env=env)
+        tree_id = git(tree, "write-tree", env=env).stdout.strip()
+    new_base = git(tree, "commit-tree", tree_id, "-m", f"upstream llama.cpp {onto}", env=_BASE_ENV).stdout.strip()
+    git(tree, "tag", "-f", OLD_BASE_TAG, BASE_TAG)
+    git(tree, "tag", "-f", BASE_TAG, new_base)
+    r = git(tree, "rebase", "--onto", BASE_TAG, OLD_BASE_TAG, branch, check=False)
+    if r.returncode != 0:
+        conflicts = git(tree, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split()
+        stopped = git(tree, "log", "-1", "--format=%s", "REBASE_HEAD", check=False).stdout.strip()
+        raise PatchError(f"patch \"{stopped}\" conflicts with llama.cpp {onto} in: {', '.join(conflicts) or '?'}\n"
+                         f"resolve it in {tree}, `git add` the files and `git rebase --continue` (the rest of the series "
+                         f"follows); then build, fix what no longer compiles with `git commit --fixup`, and "
+                         f"`python3 ci/patches.py export` (docs/upstreaming.md)")
+    return f"rebased onto llama.cpp {onto}: build, fix with `git commit --fixup`, then `python3 ci/patches.py export`"
 
 
 def check(patch_dir: Path = PATCH_DIR) -> None:
@@ -245,24 +298,33 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("apply", help="fresh copy of the pinned tree with the series applied as commits")
     a.add_argument("--tree", type=Path, default=DEFAULT_WORKTREE, help="where (default: work/llama.cpp)")
     a.add_argument("--force", action="store_true", help="discard uncommitted changes in an existing tree")
-    a.add_argument("--commit", default=upstream.PINNED_COMMIT,
-                   help="upstream commit to apply to (must be fetched with ci/upstream.py first)")
+    a.add_argument("--upstream", default=upstream.PIN, metavar="TREE",
+                   help=f"upstream tree to apply to: a name of `ci/upstream.py list` (default: the pin, {upstream.PIN}; "
+                        "fetched when missing) or a commit cached by ci/check_upstream.py")
     e = sub.add_parser("export", help="regenerate the series from upstream-base..HEAD of a patched tree")
     e.add_argument("--tree", type=Path, default=DEFAULT_WORKTREE)
     y = sub.add_parser("sync", help="apply if the tree is missing or stale and holds no local work (used by setup)")
     y.add_argument("--tree", type=Path, default=DEFAULT_WORKTREE)
+    r = sub.add_parser("rebase", help="move a patched tree onto another upstream tree (git rebase, three-way)")
+    r.add_argument("--tree", type=Path, default=DEFAULT_WORKTREE)
+    r.add_argument("--onto", default=upstream.PIN, metavar="TREE",
+                   help=f"a name of `ci/upstream.py list` (default: the pin, {upstream.PIN}) or a cached commit")
     sub.add_parser("check", help="verify apply → export reproduces the series byte for byte")
     sub.add_parser("list", help="list the series in order")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "apply":
-            if args.commit == upstream.PINNED_COMMIT:
-                upstream.fetch()
-            tree = apply(args.tree, args.patches, args.force, args.commit)
-            print(f"patches: applied {len(series(args.patches))} patch(es) onto {args.commit[:12]} in {tree}")
+            if args.upstream in upstream.TREES:
+                upstream.fetch(args.upstream)
+            tree = apply(args.tree, args.patches, args.force, args.upstream)
+            print(f"patches: applied {len(series(args.patches))} patch(es) onto {args.upstream[:12]} in {tree}")
         elif args.cmd == "export":
             out = export(args.tree, args.patches)
             print(f"patches: exported {len(out)} patch(es) to {args.patches}")
+        elif args.cmd == "rebase":
+            if args.onto in upstream.TREES:
+                upstream.fetch(args.onto)
+            print(f"patches: {rebase(args.tree, args.onto)}")
         elif args.cmd == "sync":
             upstream.fetch()
             print(f"patches: {args.tree}: {sync(args.tree, args.patches)}")

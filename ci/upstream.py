@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
-"""Obtain the pinned upstream llama.cpp tree, offline-first, and cache it.
+"""Obtain an upstream llama.cpp tree the patch series targets, offline-first, and cache it.
 
-The patch series in ``ggml-patches/`` applies to exactly one upstream commit. This script produces that
-tree from one of three sources and caches it under ``.cache/upstream/`` (ignored by git):
+The patch series in ``ggml-patches/`` applies to exactly one upstream tree, the *pin*. Upstream trees are
+named by their build number (``b11549``) and listed in ``TREES``, each with the PyPI source distribution that
+vendors it unpatched and the git tree hash of its files, so that every source gives the same bytes:
 
-* ``sdist`` (default): the ``llama-cpp-python==0.3.36`` source distribution from PyPI, which vendors
-  llama.cpp at the pinned commit together with its git metadata. The download is checked against a
-  recorded sha256 and the vendored tree's ``HEAD`` against the pinned commit.
-* ``git``: a clone of upstream (for users with network), checked out at the pinned commit.
-* ``checkout``: an existing local checkout; its ``HEAD`` must be the pinned commit (or use ``--ref``).
+* ``sdist`` (default): the tree's source distribution from PyPI (the only network the project relies on),
+  sha256-checked; the vendored tree is checked against the recorded commit (an sdist with git metadata) or
+  against the recorded git tree hash of all its files (an sdist without it).
+* ``git``: a clone of upstream at a commit, branch or tag (for users with network).
+* ``checkout``: an existing local checkout (its ``HEAD``).
 
-Whatever the source, the cached tree is ``git archive`` of the commit, so it is byte-identical in all
-three cases and never contains build outputs or local edits. The cache is never modified afterwards:
-``ci/patches.py apply`` extracts a fresh copy from the cached tarball every time.
+Whatever the source, the cached tree is a tarball of the tree (``git archive``), so it never contains build
+outputs or local edits; a tree is named in the cache by its build name or, for a git source, by its commit.
+The cache is never modified afterwards: ``ci/patches.py apply`` extracts a fresh copy every time.
+
+    python3 ci/upstream.py fetch                   # the pin (prints the read-only reference tree's path)
+    python3 ci/upstream.py fetch --tree b11312     # the previous pin, e.g. for an A/B against the old tree
+    python3 ci/upstream.py list                    # the known trees: pin, previous pin, newer ones to check
 
 A second run downloads nothing. Only the standard library is used, so this runs before any venv exists.
 """
@@ -27,15 +32,57 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PINNED_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
-SDIST_REQUIREMENT = "llama-cpp-python==0.3.36"
-SDIST_FILENAME = "llama_cpp_python-0.3.36.tar.gz"
-SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-SDIST_VENDOR_DIR = "llama_cpp_python-0.3.36/vendor/llama.cpp"
 UPSTREAM_GIT_URL = "https://github.com/ggml-org/llama.cpp"
+
+
+@dataclass(frozen=True)
+class Sdist:
+    """A PyPI source distribution that vendors an unpatched upstream tree."""
+
+    requirement: str  # what pip downloads
+    filename: str
+    sha256: str
+    vendor_dir: str  # the tree's folder inside the archive
+    size: str  # for the progress line
+
+
+@dataclass(frozen=True)
+class UpstreamTree:
+    """One upstream llama.cpp tree the project can fetch."""
+
+    name: str  # upstream's build tag, also the tree's name in the cache
+    sdist: Sdist
+    #: ``git write-tree`` of every file of the vendored tree (``git add -A -f`` in a fresh repository); checks an
+    #: sdist without git metadata
+    tree_hash: str
+    #: the upstream commit, where the sdist carries git metadata (then checked against the vendored ``HEAD``)
+    commit: str | None = None
+    role: str = ""
+
+
+TREES: dict[str, UpstreamTree] = {t.name: t for t in (
+    UpstreamTree(
+        name="b11312", role="previous pin",
+        sdist=Sdist("llama-cpp-python==0.3.36", "llama_cpp_python-0.3.36.tar.gz",
+                    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+                    "llama_cpp_python-0.3.36/vendor/llama.cpp", "~77 MB"),
+        tree_hash="", commit="0c1e57098bba43ac29e6e3b677cdceebdd22334f"),
+    UpstreamTree(
+        name="b11549", role="pin",
+        sdist=Sdist("xllamacpp==2026.10.11549", "xllamacpp-2026.10.11549.tar.gz",
+                    "c17ee1163006f70726abb9f72137830818f3d8cb60bfc34cb232d08428eaa22b",
+                    "xllamacpp-2026.10.11549/thirdparty/llama.cpp", "~38 MB"),
+        tree_hash="ee320e359dbb0816d6bd0d873585a3ca932e9313"),
+)}
+#: the tree the series applies to
+PIN = "b11549"
+#: every tree the series is checked against by ``ci/check_upstream.py --known`` (and so by CI): the pin and any
+#: newer tree listed above; older trees stay fetchable for comparisons but the series no longer targets them
+CHECKED = ("b11549",)
 
 
 class UpstreamError(RuntimeError):
@@ -46,14 +93,14 @@ def cache_root() -> Path:
     return Path(os.environ.get("S3D8_CACHE", REPO_ROOT / ".cache"))
 
 
-def tarball_path(commit: str = PINNED_COMMIT) -> Path:
-    """The cached ``git archive`` of the upstream commit (the source of every fresh copy)."""
-    return cache_root() / "upstream" / f"llama.cpp-{commit}.tar"
+def tarball_path(ref: str = PIN) -> Path:
+    """The cached tarball of a tree (a ``TREES`` name or a commit): the source of every fresh copy."""
+    return cache_root() / "upstream" / f"llama.cpp-{ref}.tar"
 
 
-def tree_path(commit: str = PINNED_COMMIT) -> Path:
+def tree_path(ref: str = PIN) -> Path:
     """A read-only extracted copy of the pristine tree, for reading upstream code."""
-    return cache_root() / "upstream" / f"llama.cpp-{commit[:12]}"
+    return cache_root() / "upstream" / f"llama.cpp-{ref[:12]}"
 
 
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -74,23 +121,30 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def download_sdist() -> Path:
+def known(name: str) -> UpstreamTree:
+    try:
+        return TREES[name]
+    except KeyError:
+        raise UpstreamError(f"unknown upstream tree {name!r}; known: {', '.join(TREES)}") from None
+
+
+def download_sdist(sdist: Sdist) -> Path:
     """Download the sdist with pip (the only network client this project relies on) and verify it."""
     dest = cache_root() / "downloads"
     dest.mkdir(parents=True, exist_ok=True)
-    path = dest / SDIST_FILENAME
-    if path.exists() and sha256_file(path) == SDIST_SHA256:
+    path = dest / sdist.filename
+    if path.exists() and sha256_file(path) == sdist.sha256:
         return path
     with tempfile.TemporaryDirectory(dir=dest) as tmp:
-        print(f"upstream: downloading {SDIST_REQUIREMENT} sdist (~77 MB) with pip", file=sys.stderr)
+        print(f"upstream: downloading the {sdist.requirement} sdist ({sdist.size}) with pip", file=sys.stderr)
         _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-              SDIST_REQUIREMENT, "-d", tmp])
-        got = Path(tmp) / SDIST_FILENAME
+              sdist.requirement, "-d", tmp])
+        got = Path(tmp) / sdist.filename
         if not got.exists():
-            raise UpstreamError(f"pip did not produce {SDIST_FILENAME}")
+            raise UpstreamError(f"pip did not produce {sdist.filename}")
         digest = sha256_file(got)
-        if digest != SDIST_SHA256:
-            raise UpstreamError(f"{SDIST_FILENAME}: sha256 {digest} != recorded {SDIST_SHA256}; refusing to use it")
+        if digest != sdist.sha256:
+            raise UpstreamError(f"{sdist.filename}: sha256 {digest} != recorded {sdist.sha256}; refusing to use it")
         os.replace(got, path)
     return path
 
@@ -111,22 +165,47 @@ def _archive_commit(git_dir_tree: Path, commit: str, out_tar: Path) -> None:
     os.replace(tmp, out_tar)
 
 
-def from_sdist(commit: str) -> None:
-    if commit != PINNED_COMMIT:
-        raise UpstreamError(f"the sdist only carries {PINNED_COMMIT}; use --source git/checkout for {commit}")
-    sdist = download_sdist()
+def _check_identity(tree: UpstreamTree, repo: Path, commit: str, what: str) -> None:
+    """``commit`` in ``repo`` must be ``tree``: its recorded commit, or else its recorded tree hash."""
+    if tree.commit:
+        if commit != tree.commit:
+            raise UpstreamError(f"{what} is at {commit}, expected {tree.name} = {tree.commit}")
+        return
+    got = _git(repo, "rev-parse", f"{commit}^{{tree}}")
+    if got != tree.tree_hash:
+        raise UpstreamError(f"{what}: git tree {got} is not {tree.name}'s recorded {tree.tree_hash}")
+
+
+_FIXED_IDENTITY = {"GIT_AUTHOR_NAME": "llama.cpp upstream", "GIT_AUTHOR_EMAIL": "upstream@llama.cpp.invalid",
+                   "GIT_COMMITTER_NAME": "llama.cpp upstream", "GIT_COMMITTER_EMAIL": "upstream@llama.cpp.invalid",
+                   "GIT_AUTHOR_DATE": "2026-10-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-10-01T00:00:00Z"}
+
+
+def _commit_all(folder: Path, message: str) -> str:
+    """Make ``folder`` (no git metadata) a repository with every file in one commit; return the commit."""
+    env = {**os.environ, **_FIXED_IDENTITY}
+    for args in (["init", "-q"], ["-c", "core.autocrlf=false", "add", "-A", "-f"],
+                 ["commit", "-q", "--no-verify", "--no-gpg-sign", "-m", message]):
+        subprocess.run(["git", "-C", str(folder), *args], check=True, env=env, stdout=subprocess.DEVNULL)
+    return _git(folder, "rev-parse", "HEAD")
+
+
+def from_sdist(tree: UpstreamTree) -> None:
+    sdist = download_sdist(tree.sdist)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
-        print("upstream: extracting vendored llama.cpp from the sdist", file=sys.stderr)
+        print(f"upstream: extracting the vendored llama.cpp {tree.name} from the sdist", file=sys.stderr)
+        top = tree.sdist.vendor_dir.split("/")[0]
         with tarfile.open(sdist) as tf:
-            top = SDIST_VENDOR_DIR.split("/")[0]
             members = [m for m in tf.getmembers()
-                       if m.name.startswith(SDIST_VENDOR_DIR + "/") or m.name.startswith(f"{top}/.git/")]
+                       if m.name.startswith(tree.sdist.vendor_dir + "/") or m.name.startswith(f"{top}/.git/")]
             tf.extractall(tmp, members=members, filter="tar")
-        vendor = Path(tmp) / SDIST_VENDOR_DIR
-        head = _git(vendor, "rev-parse", "HEAD")
-        if head != commit:
-            raise UpstreamError(f"the sdist's vendored llama.cpp is at {head}, expected {commit}")
-        _archive_commit(vendor, commit, tarball_path(commit))
+        vendor = Path(tmp) / tree.sdist.vendor_dir
+        if tree.commit:  # the sdist carries the repository: its HEAD is the tree
+            commit = _git(vendor, "rev-parse", "HEAD")
+        else:
+            commit = _commit_all(vendor, f"llama.cpp {tree.name} from {tree.sdist.filename}")
+        _check_identity(tree, vendor, commit, f"the {tree.sdist.filename} vendored llama.cpp")
+        _archive_commit(vendor, commit, tarball_path(tree.name))
 
 
 def resolve_git(ref: str, url: str) -> str:
@@ -148,25 +227,36 @@ def resolve_checkout(checkout: Path) -> str:
     """Cache the tree at ``checkout``'s HEAD; return the commit id."""
     commit = _git(checkout, "rev-parse", "HEAD")
     if not tarball_path(commit).exists():
-        from_checkout(commit, checkout)
+        _require_llama_cpp(checkout)
+        _archive_commit(checkout, commit, tarball_path(commit))
     return commit
 
 
-def from_git(commit: str, url: str) -> None:
-    got = resolve_git(commit, url)
-    if got != commit:
-        raise UpstreamError(f"{url} gave {got} for {commit}")
-
-
-def from_checkout(commit: str, checkout: Path) -> None:
+def _require_llama_cpp(checkout: Path) -> None:
     if not (checkout / "ggml" / "include" / "ggml.h").exists():
         raise UpstreamError(f"{checkout} does not look like a llama.cpp checkout")
-    _archive_commit(checkout, commit, tarball_path(commit))
 
 
-def extract_tree(commit: str, dest: Path) -> None:
-    """Extract the cached tarball of ``commit`` into ``dest`` (which must not exist)."""
-    tar = tarball_path(commit)
+def from_git(tree: UpstreamTree, url: str) -> None:
+    """The named tree from upstream's repository (its build tag), checked against the recorded identity."""
+    commit = resolve_git(tree.commit or tree.name, url)
+    with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
+        repo = Path(tmp) / "t"
+        extract_tree(commit, repo)
+        _check_identity(tree, repo, tree.commit or _commit_all(repo, tree.name), f"{url} {tree.name}")
+    shutil.copyfile(tarball_path(commit), tarball_path(tree.name))
+
+
+def from_checkout(tree: UpstreamTree, checkout: Path) -> None:
+    _require_llama_cpp(checkout)
+    commit = _git(checkout, "rev-parse", "HEAD")
+    _check_identity(tree, checkout, commit, str(checkout))
+    _archive_commit(checkout, commit, tarball_path(tree.name))
+
+
+def extract_tree(ref: str, dest: Path) -> None:
+    """Extract the cached tarball of ``ref`` (a tree name or a commit) into ``dest`` (which must not exist)."""
+    tar = tarball_path(ref)
     if not tar.exists():
         raise UpstreamError(f"{tar} missing: run `python3 ci/upstream.py fetch` first")
     if dest.exists():
@@ -179,47 +269,54 @@ def extract_tree(commit: str, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
-def fetch(source: str = "sdist", commit: str = PINNED_COMMIT, url: str = UPSTREAM_GIT_URL,
+def fetch(name: str = PIN, source: str = "sdist", url: str = UPSTREAM_GIT_URL,
           checkout: Path | None = None) -> Path:
-    """Ensure the cached tarball and the read-only reference tree exist; return the tree's path."""
+    """Ensure the named tree's cached tarball and read-only reference tree exist; return the tree's path."""
+    tree = known(name)
     cache_root().mkdir(parents=True, exist_ok=True)
-    if not tarball_path(commit).exists():
+    if not tarball_path(name).exists():
         if source == "sdist":
-            from_sdist(commit)
+            from_sdist(tree)
         elif source == "git":
-            from_git(commit, url)
+            from_git(tree, url)
         elif source == "checkout":
             if checkout is None:
                 raise UpstreamError("--source checkout needs --checkout PATH")
-            from_checkout(commit, checkout)
+            from_checkout(tree, checkout)
         else:
             raise UpstreamError(f"unknown source {source!r}")
-    tree = tree_path(commit)
-    if not tree.exists():
-        extract_tree(commit, tree)
+    ref_tree = tree_path(name)
+    if not ref_tree.exists():
+        extract_tree(name, ref_tree)
         # the reference tree is for reading; patches are applied to fresh copies elsewhere
-        for p in tree.rglob("*"):
+        for p in ref_tree.rglob("*"):
             if p.is_file() and not p.is_symlink():
                 p.chmod(p.stat().st_mode & 0o555)
-    return tree
+    return ref_tree
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    f = sub.add_parser("fetch", help="obtain and cache the upstream tree; prints the reference tree's path")
+    f = sub.add_parser("fetch", help="obtain and cache an upstream tree; prints the reference tree's path")
+    f.add_argument("--tree", default=PIN, choices=list(TREES), help=f"which tree (default: the pin, {PIN})")
     f.add_argument("--source", choices=["sdist", "git", "checkout"], default="sdist",
-                   help="where to get the tree from (default: the PyPI sdist, works offline-with-PyPI)")
-    f.add_argument("--commit", default=PINNED_COMMIT, help="upstream commit (default: the pinned one)")
+                   help="where to get the tree from (default: its PyPI sdist, works offline-with-PyPI)")
     f.add_argument("--url", default=UPSTREAM_GIT_URL, help="git URL for --source git")
     f.add_argument("--checkout", type=Path, help="existing llama.cpp checkout for --source checkout")
-    sub.add_parser("path", help="print the cached tarball path of the pinned commit")
+    p = sub.add_parser("path", help="print the cached tarball path of a tree")
+    p.add_argument("--tree", default=PIN, choices=list(TREES))
+    sub.add_parser("list", help="the known trees, their roles and sources")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "fetch":
-            print(fetch(args.source, args.commit, args.url, args.checkout))
+            print(fetch(args.tree, args.source, args.url, args.checkout))
+        elif args.cmd == "path":
+            print(tarball_path(args.tree))
         else:
-            print(tarball_path())
+            for t in TREES.values():
+                role = t.role + (", checked by CI" if t.name in CHECKED and t.name != PIN else "")
+                print(f"{t.name:8} {role or '-':28} {t.sdist.requirement:28} {t.commit or 'tree ' + t.tree_hash}")
     except (UpstreamError, subprocess.CalledProcessError) as e:
         print(f"upstream: error: {e}", file=sys.stderr)
         return 1

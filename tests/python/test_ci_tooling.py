@@ -40,13 +40,33 @@ def commit_change(tree: Path, message: str, edit) -> None:
     patches.git(tree, "commit", "-q", "-m", message, env=IDENT)
 
 
-def test_cached_tree_is_the_pinned_commit(pinned_tree: Path) -> None:
-    assert upstream.tarball_path().exists()
-    # the reference tree is the git archive of the pinned commit: ggml 0.25.3 and a known enum
+def test_cached_tree_is_the_pinned_tree(pinned_tree: Path) -> None:
+    pin = upstream.TREES[upstream.PIN]
+    assert upstream.tarball_path().exists() and pin.role == "pin" and upstream.PIN in upstream.CHECKED
+    # the reference tree is the pinned tree: its enum ends at Q2_0 = 42
     text = (pinned_tree / "ggml/include/ggml.h").read_text()
     assert "GGML_TYPE_Q2_0    = 42" in text
-    assert upstream.sha256_file(upstream.cache_root() / "downloads" / upstream.SDIST_FILENAME) == upstream.SDIST_SHA256 \
-        or not (upstream.cache_root() / "downloads" / upstream.SDIST_FILENAME).exists()
+    sdist = upstream.cache_root() / "downloads" / pin.sdist.filename
+    assert not sdist.exists() or upstream.sha256_file(sdist) == pin.sdist.sha256
+    # every file of the tree is in the tarball: its git tree hash is the recorded one (the sdist has no git metadata)
+    repo = upstream.cache_root() / "upstream" / f"identity-{os.getpid()}"
+    try:
+        upstream.extract_tree(upstream.PIN, repo)
+        assert upstream._git(repo, "rev-parse", f"{upstream._commit_all(repo, 'check')}^{{tree}}") == pin.tree_hash
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+
+
+def test_a_tree_of_other_files_is_refused(tmp_path: Path, pinned_tree: Path) -> None:
+    """A checkout offered as the pin must be the pin's files (the recorded tree hash), whatever its commit."""
+    other = tmp_path / "other"
+    upstream.extract_tree(upstream.PIN, other)
+    append("README.md", "one more line\n")(other)
+    upstream._commit_all(other, "not the pin")
+    with pytest.raises(upstream.UpstreamError, match="is not b11549's recorded"):
+        upstream.from_checkout(upstream.TREES[upstream.PIN], other)
+    with pytest.raises(upstream.UpstreamError, match="unknown upstream tree 'b1'"):
+        upstream.fetch("b1")
 
 
 def test_second_fetch_downloads_nothing(monkeypatch, pinned_tree: Path) -> None:
@@ -60,16 +80,17 @@ def test_second_fetch_downloads_nothing(monkeypatch, pinned_tree: Path) -> None:
 def test_sdist_with_wrong_checksum_is_refused(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("S3D8_CACHE", str(tmp_path))
     (tmp_path / "downloads").mkdir()
-    bogus = tmp_path / "downloads" / upstream.SDIST_FILENAME
+    sdist = upstream.TREES[upstream.PIN].sdist
+    bogus = tmp_path / "downloads" / sdist.filename
     bogus.write_bytes(b"not the sdist")
 
     def fake_pip(cmd, **kw):  # pip "downloads" the same bogus bytes again
         dest = Path(cmd[cmd.index("-d") + 1])
-        (dest / upstream.SDIST_FILENAME).write_bytes(b"tampered")
+        (dest / sdist.filename).write_bytes(b"tampered")
         return subprocess.CompletedProcess(cmd, 0)
     monkeypatch.setattr(upstream, "_run", fake_pip)
     with pytest.raises(upstream.UpstreamError, match="sha256"):
-        upstream.download_sdist()
+        upstream.download_sdist(sdist)
 
 
 def test_empty_series_round_trips(tmp_path: Path, pinned_tree: Path) -> None:
@@ -277,7 +298,7 @@ def test_check_upstream_reports_drift_and_failures_against_another_tree(tmp_path
     replace("GGML_TYPE_COUNT   = 43,", "GGML_TYPE_Q3_0    = 43,\n        GGML_TYPE_COUNT   = 44,")(other)
     patches.git(other, "commit", "-qam", "upstream moves on", env=IDENT)
     commit = upstream.resolve_checkout(other)
-    [pinned, later] = check_upstream.run_checks([upstream.PINNED_COMMIT, commit], series, pinned_tree, False, None)
+    [pinned, later] = check_upstream.run_checks([upstream.PIN, commit], series, pinned_tree, False, None)
     assert pinned.ok and [s for _, s, _ in pinned.patch_status] == ["clean", "clean"]
     assert [s for _, s, _ in later.patch_status] == ["drift", "FAILS"]
     assert later.drifted_files == ["README.md", "ggml/include/ggml.h"]
@@ -361,3 +382,41 @@ def test_python_layers_import_graph_is_one_way() -> None:
     assert import_graph.cycles(graph) == []
     assert not any(b.startswith("qat") for b in import_graph.reachable(graph, "convert.to_gguf"))
     assert import_graph.main(["--check"]) == 0
+
+
+def test_rebase_moves_the_series_onto_another_tree(tmp_path: Path, pinned_tree: Path) -> None:
+    """`patches.py rebase` replays the series onto another upstream tree with three-way merges: a patch whose
+    context upstream changed (which `git am` refuses on a fresh tree) lands, and a real conflict stops with the
+    patch and the file named, in `git rebase`'s state."""
+    series = tmp_path / "series"
+    tree = patches.apply(tmp_path / "tree", series)
+
+    def edit_line(path: str, n: int, text: str):
+        def edit(t: Path) -> None:
+            lines = (t / path).read_text().splitlines(keepends=True)
+            lines[n] = text + "\n"
+            (t / path).write_text("".join(lines))
+        return edit
+    commit_change(tree, "docs : our line", edit_line("README.md", 4, "our line"))
+    commit_change(tree, "ggml : our header line", edit_line("ggml/include/ggml.h", 5, "// ours"))
+    patches.export(tree, series)
+    # another upstream tree: the README line just before ours changed (same hunk context), and the very header
+    # line our second patch edits
+    other = tmp_path / "other-upstream"
+    patches.make_base(other)
+    edit_line("README.md", 1, "upstream's line")(other)
+    edit_line("ggml/include/ggml.h", 5, "// theirs")(other)
+    patches.git(other, "commit", "-qam", "upstream moves on", env=IDENT)
+    commit = upstream.resolve_checkout(other)
+    with pytest.raises(patches.PatchError, match=r'"ggml : our header line" conflicts with .* ggml/include/ggml.h'):
+        patches.rebase(tree, commit)
+    lines = (tree / "README.md").read_text().splitlines()
+    assert (lines[1], lines[4]) == ("upstream's line", "our line")  # 3 lines apart: in one hunk's context
+    # resolve as a maintainer would, continue, export: the series now applies to the other tree
+    edit_line("ggml/include/ggml.h", 5, "// ours, after theirs")(tree)
+    patches.git(tree, "add", "-A")
+    patches.git(tree, "-c", "core.editor=true", "rebase", "--continue")
+    assert patches.base_ref(tree) == commit
+    patches.export(tree, series)
+    again = patches.apply(tmp_path / "again", series, ref=commit)
+    assert (again / "ggml/include/ggml.h").read_text().splitlines()[5] == "// ours, after theirs"
