@@ -63,6 +63,28 @@ def series_type_ids(patch_dir: Path = patches.PATCH_DIR) -> dict[str, int]:
     return ids
 
 
+#: type ids the series shares with a neighbour tree on purpose, each with the reason (docs/upstreaming.md); any other
+#: shared id fails the check
+DELIBERATE_COLLISIONS: dict[tuple[str, int], str] = {
+    (n, v): "ik_llama.cpp's GGML_TYPE_Q8_*_X4 are the row-interleaved activations of its matrix multiplications, "
+            "made in memory and never written to a file; ours are KV-cache types (Q4_HQQ, Q4_HQQ_128, TQ3_0)"
+    for n, v in (("ik_llama.cpp", 97), ("ik_llama.cpp", 98), ("ik_llama.cpp", 99))
+}
+
+
+def neighbour_collisions(patch_dir: Path = patches.PATCH_DIR) -> tuple[list[str], list[str]]:
+    """(undocumented, deliberate) collisions of the series' type ids with every neighbour tree's enum."""
+    bad, known = [], []
+    for name in upstream.NEIGHBOURS:
+        values = enum_values(upstream.neighbour_file(name, GGML_H))
+        for ours, value in sorted(series_type_ids(patch_dir).items()):
+            if value in values:
+                line = f"{ours} = {value} is {name}'s {values[value]}"
+                reason = DELIBERATE_COLLISIONS.get((name, value))
+                (known if reason else bad).append(line + (f" (deliberate: {reason})" if reason else ""))
+    return bad, known
+
+
 def touched_files(patch_dir: Path = patches.PATCH_DIR) -> list[str]:
     files: set[str] = set()
     for p in patches.series(patch_dir):
@@ -198,6 +220,17 @@ def main(argv: list[str] | None = None) -> int:
     print("type ids added by the series: " + (", ".join(f"{k}={v}" for k, v in ids.items()) or "none"))
     for r in reports:
         print_report(r)
+    try:
+        bad, known = neighbour_collisions(args.patches)
+    except (upstream.UpstreamError, subprocess.CalledProcessError) as e:
+        print(f"check-upstream: error: {e}", file=sys.stderr)
+        return 1
+    for line in known:
+        print(f"== neighbour: {line}")
+    for line in bad:
+        print(f"== neighbour: COLLISION {line}")
+    if bad:
+        reports.append(Report("neighbours", collisions=bad))
     if args.junitxml is not None:
         write_junit(reports, args.junitxml)
     return 0 if all(r.ok for r in reports) else 1

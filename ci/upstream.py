@@ -85,6 +85,15 @@ PIN = "b11549"
 CHECKED = ("b11549",)
 
 
+#: other llama.cpp trees whose ggml type ids the series must not take unknowingly (ci/check_upstream.py): files
+#: made by one may be opened by the other. Only their ggml.h is read, straight from the sha256-checked sdist.
+NEIGHBOURS: dict[str, Sdist] = {
+    "ik_llama.cpp": Sdist("ik-llama-cpp-python==0.1.5", "ik_llama_cpp_python-0.1.5.tar.gz",
+                          "33c67eb99e4dcab5e611050433243815709b8b3067753f9ce18375013cf002ad",
+                          "ik_llama_cpp_python-0.1.5/vendor/ik_llama.cpp", "~42 MB"),
+}
+
+
 class UpstreamError(RuntimeError):
     """A user-facing failure: printed as one line, exit status 1."""
 
@@ -147,6 +156,20 @@ def download_sdist(sdist: Sdist) -> Path:
             raise UpstreamError(f"{sdist.filename}: sha256 {digest} != recorded {sdist.sha256}; refusing to use it")
         os.replace(got, path)
     return path
+
+
+def neighbour_file(name: str, path: str) -> str:
+    """The text of ``path`` in a neighbour tree (``NEIGHBOURS``), read from its sdist without extracting the rest."""
+    sdist = NEIGHBOURS[name]
+    member = f"{sdist.vendor_dir}/{path}"
+    with tarfile.open(download_sdist(sdist)) as tf:
+        try:
+            f = tf.extractfile(member)
+        except KeyError:
+            f = None
+        if f is None:
+            raise UpstreamError(f"{sdist.filename} has no {member}")
+        return f.read().decode()
 
 
 def _archive_commit(git_dir_tree: Path, commit: str, out_tar: Path) -> None:

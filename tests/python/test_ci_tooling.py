@@ -420,3 +420,20 @@ def test_rebase_moves_the_series_onto_another_tree(tmp_path: Path, pinned_tree: 
     patches.export(tree, series)
     again = patches.apply(tmp_path / "again", series, ref=commit)
     assert (again / "ggml/include/ggml.h").read_text().splitlines()[5] == "// ours, after theirs"
+
+
+def test_a_type_id_of_a_neighbour_tree_fails_unless_documented(monkeypatch, tmp_path: Path) -> None:
+    """ik_llama.cpp (a neighbour) uses 97-99 for in-memory types: documented; any other shared id fails."""
+    series = tmp_path / "series"
+    series.mkdir()
+    (series / "series").write_text("x.patch\n")
+    (series / "x.patch").write_text("diff --git a/ggml/include/ggml.h b/ggml/include/ggml.h\n--- a/ggml/include/ggml.h\n"
+                                    "+++ b/ggml/include/ggml.h\n@@ -1 +1,3 @@\n+        GGML_TYPE_MINE = 97,\n"
+                                    "+        GGML_TYPE_OTHER = 120,\n")
+    enum = "enum ggml_type {\n        GGML_TYPE_Q8_0_X4 = 97,\n        GGML_TYPE_R4 = {},\n        GGML_TYPE_COUNT,\n};\n"
+    monkeypatch.setattr(upstream, "neighbour_file", lambda name, path: enum.replace("{}", "121"))
+    bad, known = check_upstream.neighbour_collisions(series)
+    assert bad == [] and known[0].startswith("GGML_TYPE_MINE = 97 is ik_llama.cpp's GGML_TYPE_Q8_0_X4 (deliberate:")
+    monkeypatch.setattr(upstream, "neighbour_file", lambda name, path: enum.replace("{}", "120"))
+    bad, _ = check_upstream.neighbour_collisions(series)
+    assert bad == ["GGML_TYPE_OTHER = 120 is ik_llama.cpp's GGML_TYPE_R4"]
