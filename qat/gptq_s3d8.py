@@ -39,7 +39,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from qat.errors import TrainError
 from qat.gptq import GPTQConfig, GPTQStats, collect_hessians, gptq_quantise
+from qat.training.data import sample_inputs, tokenise_samples
+from qat.training.models import load_teacher, model_type
 
 PRODUCER = "gptq-iw1"
 
@@ -127,9 +130,6 @@ class Calibration:
 
 def read_calibration(model_dir: Path, path: Path, *, tokens: int, seq_len: int) -> Calibration:
     """Calibration batches for ``model_dir`` from a text file or a ``qat.generate`` JSONL (up to ``tokens``)."""
-    from qat.errors import TrainError
-    from qat.training.models import model_type
-
     if not path.is_file():
         raise GPTQError(f"{path}: no such calibration file")
     if tokens < 1 or seq_len < 2:
@@ -161,9 +161,6 @@ def read_calibration(model_dir: Path, path: Path, *, tokens: int, seq_len: int) 
 
 def _jsonl_calibration(model_dir: Path, path: Path, sha: str, *, tokens: int, seq_len: int) -> Calibration:
     from qat.data import read_samples
-    from qat.errors import TrainError
-    from qat.training.data import sample_inputs, tokenise_samples
-
     try:
         samples = read_samples(path)
     except (ValueError, OSError) as e:
@@ -232,8 +229,6 @@ def gptq_s3d8_model(model_dir: Path, calibration: Calibration, *, fallback_type:
     """GPTQ every matrix the converter stores as S3D8 (module docstring); ``start``: an S3D8 GGUF of the same
     model whose codebooks and scales to keep (:func:`start_containers`)."""
     from tqdm import tqdm
-
-    from qat.training.models import load_teacher
 
     t0 = time.time()
     model = load_teacher(model_dir)
