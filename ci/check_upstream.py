@@ -74,7 +74,8 @@ DELIBERATE_COLLISIONS: dict[tuple[str, int], str] = {
 
 def neighbour_collisions(patch_dir: Path = patches.PATCH_DIR) -> tuple[list[str], list[str]]:
     """(undocumented, deliberate) collisions of the series' type ids with every neighbour tree's enum."""
-    bad, known = [], []
+    bad: list[str] = []
+    known: list[str] = []
     for name in upstream.NEIGHBOURS:
         values = enum_values(upstream.neighbour_file(name, GGML_H))
         for ours, value in sorted(series_type_ids(patch_dir).items()):

@@ -54,6 +54,7 @@ _BASE_ENV = {
 }
 # Options that make format-patch output independent of commit hashes, git config and terminal.
 _FORMAT_PATCH_OPTS = ["--zero-commit", "--no-numbered", "--no-signature", "--no-cover-letter", "--no-binary",
+                      "--filename-max-length=240",  # the whole subject in the file name (git's default cuts at 52)
                       "--abbrev=12", "--stat=80", "--no-color", "--no-renames", "--encode-email-headers"]
 _GIT_CONFIG = ["-c", "core.abbrev=12", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
                "-c", "format.signature=", "-c", "core.autocrlf=false", "-c", "user.useConfigOnly=false"]

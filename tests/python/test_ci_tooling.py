@@ -437,3 +437,17 @@ def test_a_type_id_of_a_neighbour_tree_fails_unless_documented(monkeypatch, tmp_
     monkeypatch.setattr(upstream, "neighbour_file", lambda name, path: enum.replace("{}", "120"))
     bad, _ = check_upstream.neighbour_collisions(series)
     assert bad == ["GGML_TYPE_OTHER = 120 is ik_llama.cpp's GGML_TYPE_R4"]
+
+
+def test_the_prs_partition_the_series() -> None:
+    """ci/check_prs.py: every patch of the series belongs to exactly one PR, in the order upstream merges them
+    (fixes, S3D8, mllama, KV types), and no fix names our types or architecture."""
+    import check_prs
+    plan = check_prs.prefixes()
+    assert [pr.name for pr, _ in plan] == ["fixes", "s3d8", "mllama", "kv-types"]
+    assert plan[-1][1] == patches.series()
+    fixes = plan[0][1]
+    for p in fixes:
+        added = "\n".join(ln for ln in p.read_text().splitlines() if ln.startswith("+") or ln.startswith("Subject"))
+        for word in ("S3D8", "s3d8", "mllama", "HQQ", "TQ3_0", "cross_attn"):
+            assert word not in added, (p.name, word)

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Build each pull request's prefix of the patch series and run its topic's tests (docs/upstreaming.md, "The PRs").
+
+The series is ordered as upstream would merge it: standalone fixes, then S3D8 (CPU), then mllama, then the KV-cache
+types. A PR is the patches after the previous PR's last one up to its own last one (``PRS``); this script applies
+each prefix of the series that ends a PR to a fresh copy of the pin, builds it with the host preset's settings
+(the tools and upstream's own test suite; this project's C tests need the whole series and are left to ``ci/test.sh``)
+and runs upstream's suite (label ``main``, less the network checks of the ``upstream`` test preset) plus the PR's
+own checks. CI does not run it (one build per PR); run it before proposing the PRs:
+
+    python3 ci/check_prs.py                 # every PR's prefix (about 5-10 min each with a warm ccache)
+    python3 ci/check_prs.py --only s3d8     # one of them
+    python3 ci/check_prs.py --full          # also upstream's two all-architecture state tests (~12 min more each)
+
+It fails (exit 1) when ``PRS`` does not partition the series, or a prefix does not apply, build or pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import patches  # noqa: E402
+import upstream  # noqa: E402
+
+REPO = upstream.REPO_ROOT
+
+
+@dataclass(frozen=True)
+class PR:
+    name: str
+    last: str  # subject of the PR's last patch
+    checks: tuple[tuple[str, ...], ...] = ()  # extra commands, run in the build's bin/ folder
+
+
+PRS = (
+    PR("fixes", "server : client errors are answered with a 4xx and a message"),
+    PR("s3d8", "tests : S3D8 in test-backend-ops and test-quantize-fns",
+       (("./test-backend-ops", "test", "-b", "CPU", "-p", "s3d8"),)),
+    PR("mllama", "server : mllama image inputs"),
+    # the last PR's prefix is the whole series: its own tests (test-kv-types and the Python KV tests) are ci/test.sh's
+    PR("kv-types", "llama : own cache types, rotation and size report for the mllama cross-attention store"),
+)
+#: upstream's tests that cover every architecture's state save/restore (~9 min together on 2 cores): --full only
+LONG_TESTS = ("test-save-load-state", "test-recurrent-state-rollback")
+
+
+def subject(patch: Path) -> str:
+    """The patch's subject (an email header: a long one continues on lines that start with a space)."""
+    lines = patch.read_text(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Subject: "):
+            text = line[len("Subject: "):]
+            for more in lines[i + 1:]:
+                if not more.startswith((" ", "\t")):
+                    break
+                text += more  # unfolding keeps the continuation's leading space
+            return text.removeprefix("[PATCH] ")
+    raise patches.PatchError(f"{patch.name}: no Subject line")
+
+
+def prefixes(patch_dir: Path = patches.PATCH_DIR) -> list[tuple[PR, list[Path]]]:
+    """Each PR with the series' prefix that ends with its last patch; PRS must cover the series in order."""
+    series = patches.series(patch_dir)
+    subjects = [subject(p) for p in series]
+    out: list[tuple[PR, list[Path]]] = []
+    end = 0
+    for pr in PRS:
+        if pr.last not in subjects:
+            raise patches.PatchError(f"PR {pr.name}: no patch of the series has the subject {pr.last!r}")
+        stop = subjects.index(pr.last) + 1
+        if stop <= end:
+            raise patches.PatchError(f"PR {pr.name} ends before the PR ahead of it")
+        out.append((pr, series[:stop]))
+        end = stop
+    if end != len(series):
+        raise patches.PatchError(f"the patches after {subjects[end - 1]!r} belong to no PR (extend PRS)")
+    return out
+
+
+def ctest_exclusions() -> str:
+    presets = json.loads((REPO / "CMakePresets.json").read_text())
+    [up] = [p for p in presets["testPresets"] if p["name"] == "upstream"]
+    return up["filter"]["exclude"]["name"]
+
+
+def run(cmd: list[str], cwd: Path | None = None) -> bool:
+    print("$", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=cwd).returncode == 0
+
+
+def check(pr: PR, prefix: list[Path], full: bool) -> bool:
+    build = REPO / "build" / f"pr-{pr.name}"
+    with tempfile.TemporaryDirectory(dir=upstream.cache_root()) as tmp:
+        subset = Path(tmp) / "series"
+        subset.mkdir()
+        for p in prefix:
+            shutil.copy(p, subset / p.name)
+        (subset / patches.SERIES_FILE).write_text("".join(f"{p.name}\n" for p in prefix))
+        tree = patches.apply(Path(tmp) / "llama.cpp", subset)
+        exclude = ctest_exclusions()
+        if not full:
+            exclude = exclude.replace(")$", "|" + "|".join(LONG_TESTS) + ")$")
+        steps = [
+            ["cmake", "--preset", "host", "-B", str(build), f"-DLLAMA_CPP_DIR={tree}", "-DS3D8_BUILD_TESTS=OFF",
+             "-DS3D8_UPSTREAM_TESTS=ON"],
+            ["cmake", "--build", str(build), "--target", "s3d8-tools", "upstream-tests"],
+            ["ctest", "--test-dir", str(build), "-L", "^main$", "-E", exclude, "-j", "2", "--output-on-failure"],
+        ]
+        ok = all(run(cmd, cwd=REPO) for cmd in steps)
+        ok = ok and all(run(list(cmd), cwd=build / "bin") for cmd in pr.checks)
+    print(f"check-prs: {pr.name} ({len(prefix)} patches): {'OK' if ok else 'FAILED'}", flush=True)
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", choices=[pr.name for pr in PRS], help="check one PR's prefix")
+    ap.add_argument("--full", action="store_true", help=f"also run {', '.join(LONG_TESTS)}")
+    ap.add_argument("--list", action="store_true", help="print the PRs and their patches, build nothing")
+    args = ap.parse_args(argv)
+    try:
+        upstream.fetch()
+        plan = prefixes()
+    except (patches.PatchError, upstream.UpstreamError) as e:
+        print(f"check-prs: error: {e}", file=sys.stderr)
+        return 1
+    start = 0
+    results = []
+    for pr, prefix in plan:
+        if args.list:
+            print(f"{pr.name}:")
+            for p in prefix[start:]:
+                print(f"    {p.name}")
+        elif args.only in (None, pr.name):
+            try:
+                results.append(check(pr, prefix, args.full))
+            except patches.PatchError as e:
+                print(f"check-prs: {pr.name}: {e}", file=sys.stderr)
+                results.append(False)
+        start = len(prefix)
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
