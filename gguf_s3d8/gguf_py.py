@@ -2,7 +2,8 @@
 
 S3D8 is defined once for Python, in the series' gguf-py (``work/llama.cpp/gguf-py``, patch "gguf-py : add
 S3D8"): ``GGMLQuantizationType.S3D8``, ``LlamaFileType.MOSTLY_S3D8``, ``GGML_QUANT_SIZES`` and a whole-slice
-``gguf.quants.S3D8`` class backed by this codec. The PyPI ``gguf`` (a dependency, for its own dependencies)
+``gguf.quants.S3D8`` class with its own decoder of the container (bit for bit this codec's, tested;
+quantizing is ggml's, as for the i-quants). The PyPI ``gguf`` (a dependency, for its own dependencies)
 has none of it. :func:`use_series_gguf` makes the tree's gguf-py the process's ``gguf``; importing
 ``gguf_s3d8`` (or ``convert``) calls it, so everything that imports ``gguf`` afterwards - the converter,
 upstream's code, the inspect CLI, the tools and tests - gets that one definition. A ``gguf`` a process

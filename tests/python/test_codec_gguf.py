@@ -30,20 +30,31 @@ def test_s3d8_is_the_series_gguf_py_s_own_member() -> None:
     assert sum(1 for m in T if int(m) == 96) == 1
 
 
-def test_gguf_quants_s3d8_is_whole_slice_and_backed_by_the_codec() -> None:
+def test_gguf_quants_s3d8_decodes_whole_slices_as_the_codec() -> None:
+    """gguf-py carries its own S3D8 decoder (the series' patch): bit for bit the codec's, per slice of a stack,
+    for n % 3 = 0, 1, 2; a broken header is a QuantError; quantizing is left to ggml (llama-quantize)."""
     rng = np.random.default_rng(3)
     w = rng.standard_normal((2, 192, 1024)).astype(np.float32)     # a stack of two slices
-    q = gguf.quants.quantize(w, T.S3D8)
+    q = np.stack([quantize_s3d8_importance(x) for x in w])
     assert q.dtype == np.uint8 and q.shape == (2, 192, 1024 * 43 // 128)
-    for e in range(2):  # one container and codebook per slice, as ggml_quantize_chunk without an imatrix
-        np.testing.assert_array_equal(q[e], quantize_s3d8_importance(w[e]))
-    np.testing.assert_array_equal(gguf.quants.dequantize(q, T.S3D8), dequantize_s3d8(q))
+    for got, want in ((gguf.quants.dequantize(q, T.S3D8), dequantize_s3d8(q)),
+                      *((gguf.quants.dequantize(c, T.S3D8), dequantize_s3d8(c)) for c in
+                        (quantize_s3d8_importance(rng.standard_normal((n, 2048)).astype(np.float32))
+                         for n in (448, 248)))):
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     assert gguf.quants.quant_shape_from_byte_shape(q.shape, T.S3D8) == w.shape
-    assert not gguf.quants.S3D8.can_quantize(np.zeros((4, 1024), np.float32))    # too few rows for a container
+    bad = q[0].copy()
+    bad[0, 4] = 2                                                   # version 2
+    with pytest.raises(gguf.quants.QuantError, match="header"):
+        gguf.quants.dequantize(bad, T.S3D8)
+    with pytest.raises(gguf.quants.QuantError, match="does not match"):
+        gguf.quants.dequantize(q[0][:-3], T.S3D8)                   # 189 rows of a 192-row container
     with pytest.raises(gguf.quants.QuantError):
-        gguf.quants.quantize(np.zeros((4, 1024), np.float32), T.S3D8)
-    with pytest.raises(gguf.quants.QuantError):
-        gguf.quants.S3D8.quantize_blocks(np.zeros((1, 128), np.float32))
+        gguf.quants.S3D8.dequantize_blocks(np.zeros((1, 43), np.uint8))
+    assert not gguf.quants.S3D8.can_quantize(w[0])
+    with pytest.raises(NotImplementedError, match="llama-quantize"):
+        gguf.quants.quantize(w, T.S3D8)
 
 
 def write_model(path: Path, tensors: dict[str, tuple[np.ndarray, object]]) -> None:
