@@ -112,7 +112,8 @@ def check(pr: PR, prefix: list[Path], full: bool) -> bool:
             ["cmake", "--preset", "host", "-B", str(build), f"-DLLAMA_CPP_DIR={tree}", "-DS3D8_BUILD_TESTS=OFF",
              "-DS3D8_UPSTREAM_TESTS=ON"],
             ["cmake", "--build", str(build), "--target", "s3d8-tools", "upstream-tests"],
-            ["ctest", "--test-dir", str(build), "-L", "^main$", "-E", exclude, "-j", "2", "--output-on-failure"],
+            ["ctest", "--test-dir", str(build), "-L", "^main$", "-E", exclude, "-j", "2", "--output-on-failure",
+             "--no-tests=error"],
         ]
         ok = all(run(cmd, cwd=REPO) for cmd in steps)
         ok = ok and all(run(list(cmd), cwd=build / "bin") for cmd in pr.checks)
