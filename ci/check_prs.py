@@ -8,7 +8,7 @@ each prefix of the series that ends a PR to a fresh copy of the pin, builds it w
 and runs upstream's suite (label ``main``, less the network checks of the ``upstream`` test preset) plus the PR's
 own checks. CI does not run it (one build per PR); run it before proposing the PRs:
 
-    python3 ci/check_prs.py                 # every PR's prefix (about 5-10 min each with a warm ccache)
+    python3 ci/check_prs.py                 # every PR's prefix (one tree and build folder, rebuilt incrementally)
     python3 ci/check_prs.py --only s3d8     # one of them
     python3 ci/check_prs.py --full          # also upstream's two all-architecture state tests (~12 min more each)
 
@@ -96,15 +96,24 @@ def run(cmd: list[str], cwd: Path | None = None) -> bool:
     return subprocess.run(cmd, cwd=cwd).returncode == 0
 
 
+#: one tree and one build folder for every prefix, at fixed paths: a prefix rebuilds only what its patches change
+#: (ninja), and a second run of the script hits ccache (whose keys hold the source paths)
+PR_TREE = REPO / "work" / "pr-check" / "llama.cpp"
+PR_BUILD = REPO / "build" / "pr-check"
+
+
 def check(pr: PR, prefix: list[Path], full: bool) -> bool:
-    build = REPO / "build" / f"pr-{pr.name}"
+    build = PR_BUILD
     with tempfile.TemporaryDirectory(dir=upstream.cache_root()) as tmp:
         subset = Path(tmp) / "series"
         subset.mkdir()
         for p in prefix:
             shutil.copy(p, subset / p.name)
         (subset / patches.SERIES_FILE).write_text("".join(f"{p.name}\n" for p in prefix))
-        tree = patches.apply(Path(tmp) / "llama.cpp", subset)
+        # apply into a fresh copy, then move only the files that differ into PR_TREE (unchanged files keep their
+        # times, so ninja does not rebuild them)
+        fresh = patches.apply(Path(tmp) / "llama.cpp", subset)
+        tree = sync_tree(fresh, PR_TREE)
         exclude = ctest_exclusions()
         if not full:
             exclude = exclude.replace(")$", "|" + "|".join(LONG_TESTS) + ")$")
@@ -119,6 +128,24 @@ def check(pr: PR, prefix: list[Path], full: bool) -> bool:
         ok = ok and all(run(list(cmd), cwd=build / "bin") for cmd in pr.checks)
     print(f"check-prs: {pr.name} ({len(prefix)} patches): {'OK' if ok else 'FAILED'}", flush=True)
     return ok
+
+
+def sync_tree(src: Path, dest: Path) -> Path:
+    """Make ``dest`` a copy of ``src`` (git metadata excluded), rewriting only the files whose bytes differ."""
+    dest.mkdir(parents=True, exist_ok=True)
+    want = {p.relative_to(src) for p in src.rglob("*") if ".git" not in p.relative_to(src).parts and not p.is_dir()}
+    have = {p.relative_to(dest) for p in dest.rglob("*") if not p.is_dir()}
+    for rel in have - want:
+        (dest / rel).unlink()
+    for rel in want:
+        a, b = src / rel, dest / rel
+        if b.is_file() and not b.is_symlink() and not a.is_symlink() and a.read_bytes() == b.read_bytes():
+            continue
+        b.parent.mkdir(parents=True, exist_ok=True)
+        if b.exists() or b.is_symlink():
+            b.unlink()
+        shutil.copy2(a, b, follow_symlinks=False)
+    return dest
 
 
 def main(argv: list[str] | None = None) -> int:
