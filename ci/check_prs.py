@@ -48,6 +48,8 @@ PRS = (
     # the last PR's prefix is the whole series: its own tests (test-kv-types and the Python KV tests) are ci/test.sh's
     PR("kv-types", "llama : own cache types, rotation and size report for the mllama cross-attention store"),
 )
+UPSTREAM_TOOLS = ("llama-cli", "llama-mtmd-cli", "llama-server", "llama-quantize", "llama-bench", "llama-perplexity",
+                  "llama-imatrix", "llama-tokenize")
 #: upstream's tests that cover every architecture's state save/restore (~9 min together on 2 cores): --full only
 LONG_TESTS = ("test-save-load-state", "test-recurrent-state-rollback")
 
@@ -120,7 +122,8 @@ def check(pr: PR, prefix: list[Path], full: bool) -> bool:
         steps = [
             ["cmake", "--preset", "host", "-B", str(build), f"-DLLAMA_CPP_DIR={tree}", "-DS3D8_BUILD_TESTS=OFF",
              "-DS3D8_UPSTREAM_TESTS=ON"],
-            ["cmake", "--build", str(build), "--target", "s3d8-tools", "upstream-tests"],
+            # upstream's tools and tests only: this project's own tools (llama-mllama-dump) need the whole series
+            ["cmake", "--build", str(build), "--target", *UPSTREAM_TOOLS, "upstream-tests"],
             ["ctest", "--test-dir", str(build), "-L", "^main$", "-E", exclude, "-j", "2", "--output-on-failure",
              "--no-tests=error"],
         ]
