@@ -105,7 +105,6 @@ PR_BUILD = REPO / "build" / "pr-check"
 
 
 def check(pr: PR, prefix: list[Path], full: bool) -> bool:
-    build = PR_BUILD
     with tempfile.TemporaryDirectory(dir=upstream.cache_root()) as tmp:
         subset = Path(tmp) / "series"
         subset.mkdir()
@@ -120,15 +119,15 @@ def check(pr: PR, prefix: list[Path], full: bool) -> bool:
         if not full:
             exclude = exclude.replace(")$", "|" + "|".join(LONG_TESTS) + ")$")
         steps = [
-            ["cmake", "--preset", "host", "-B", str(build), f"-DLLAMA_CPP_DIR={tree}", "-DS3D8_BUILD_TESTS=OFF",
+            ["cmake", "--preset", "host", "-B", str(PR_BUILD), f"-DLLAMA_CPP_DIR={tree}", "-DS3D8_BUILD_TESTS=OFF",
              "-DS3D8_UPSTREAM_TESTS=ON"],
             # upstream's tools and tests only: this project's own tools (llama-mllama-dump) need the whole series
-            ["cmake", "--build", str(build), "--target", *UPSTREAM_TOOLS, "upstream-tests"],
-            ["ctest", "--test-dir", str(build), "-L", "^main$", "-E", exclude, "-j", "2", "--output-on-failure",
+            ["cmake", "--build", str(PR_BUILD), "--target", *UPSTREAM_TOOLS, "upstream-tests"],
+            ["ctest", "--test-dir", str(PR_BUILD), "-L", "^main$", "-E", exclude, "-j", "2", "--output-on-failure",
              "--no-tests=error"],
         ]
         ok = all(run(cmd, cwd=REPO) for cmd in steps)
-        ok = ok and all(run(list(cmd), cwd=build / "bin") for cmd in pr.checks)
+        ok = ok and all(run(list(cmd), cwd=PR_BUILD / "bin") for cmd in pr.checks)
     print(f"check-prs: {pr.name} ({len(prefix)} patches): {'OK' if ok else 'FAILED'}", flush=True)
     return ok
 

@@ -46,12 +46,6 @@ DEFAULT_WORKTREE = REPO_ROOT / "work" / "llama.cpp"
 BASE_TAG = "upstream-base"
 SERIES_FILE = "series"
 
-# A fixed identity and date for the base commit make its hash a pure function of the upstream tree.
-_BASE_ENV = {
-    "GIT_AUTHOR_NAME": "llama.cpp upstream", "GIT_AUTHOR_EMAIL": "upstream@llama.cpp.invalid",
-    "GIT_COMMITTER_NAME": "llama.cpp upstream", "GIT_COMMITTER_EMAIL": "upstream@llama.cpp.invalid",
-    "GIT_AUTHOR_DATE": "2026-10-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-10-01T00:00:00Z",
-}
 # Options that make format-patch output independent of commit hashes, git config and terminal.
 _FORMAT_PATCH_OPTS = ["--zero-commit", "--no-numbered", "--no-signature", "--no-cover-letter", "--no-binary",
                       "--filename-max-length=240",  # the whole subject in the file name (git's default cuts at 52)
@@ -136,9 +130,7 @@ def make_base(tree: Path, ref: str = upstream.PIN) -> None:
     """A fresh git tree of the cached upstream tree ``ref`` (a tree name or a commit) with one deterministic commit
     tagged upstream-base."""
     upstream.extract_tree(ref, tree)
-    git(tree, "init", "-q", "-b", "main")
-    git(tree, "add", "-A", "-f")
-    git(tree, "commit", "-q", "--no-verify", "--no-gpg-sign", "-m", f"upstream llama.cpp {ref}", env=_BASE_ENV)
+    upstream.commit_all(tree, f"upstream llama.cpp {ref}")
     git(tree, "tag", BASE_TAG)
 
 
@@ -261,7 +253,7 @@ def rebase(tree: Path = DEFAULT_WORKTREE, onto: str = upstream.PIN) -> str:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         git(tree, f"--work-tree={new_tree}", "add", "-A", "-f", env=env)
         tree_id = git(tree, "write-tree", env=env).stdout.strip()
-    new_base = git(tree, "commit-tree", tree_id, "-m", f"upstream llama.cpp {onto}", env=_BASE_ENV).stdout.strip()
+    new_base = git(tree, "commit-tree", tree_id, "-m", f"upstream llama.cpp {onto}", env=upstream.FIXED_IDENTITY).stdout.strip()
     git(tree, "tag", "-f", OLD_BASE_TAG, BASE_TAG)
     git(tree, "tag", "-f", BASE_TAG, new_base)
     r = git(tree, "rebase", "--onto", BASE_TAG, OLD_BASE_TAG, branch, check=False)

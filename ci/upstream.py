@@ -80,7 +80,7 @@ TREES: dict[str, UpstreamTree] = {t.name: t for t in (
 )}
 #: the tree the series applies to
 PIN = "b11549"
-#: every tree the series is checked against by ``ci/check_upstream.py --known`` (and so by CI): the pin and any
+#: every tree the series is checked against by ``ci/check_upstream.py`` (and so by CI): the pin and any
 #: newer tree listed above; older trees stay fetchable for comparisons but the series no longer targets them
 CHECKED = ("b11549",)
 
@@ -199,15 +199,18 @@ def _check_identity(tree: UpstreamTree, repo: Path, commit: str, what: str) -> N
         raise UpstreamError(f"{what}: git tree {got} is not {tree.name}'s recorded {tree.tree_hash}")
 
 
-_FIXED_IDENTITY = {"GIT_AUTHOR_NAME": "llama.cpp upstream", "GIT_AUTHOR_EMAIL": "upstream@llama.cpp.invalid",
-                   "GIT_COMMITTER_NAME": "llama.cpp upstream", "GIT_COMMITTER_EMAIL": "upstream@llama.cpp.invalid",
-                   "GIT_AUTHOR_DATE": "2026-10-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-10-01T00:00:00Z"}
+#: a fixed identity and date for the commits made of an upstream tree (here and by ci/patches.py's base commits):
+#: their hash is a pure function of the tree and the message
+FIXED_IDENTITY = {"GIT_AUTHOR_NAME": "llama.cpp upstream", "GIT_AUTHOR_EMAIL": "upstream@llama.cpp.invalid",
+                  "GIT_COMMITTER_NAME": "llama.cpp upstream", "GIT_COMMITTER_EMAIL": "upstream@llama.cpp.invalid",
+                  "GIT_AUTHOR_DATE": "2026-10-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-10-01T00:00:00Z"}
 
 
-def _commit_all(folder: Path, message: str) -> str:
-    """Make ``folder`` (no git metadata) a repository with every file in one commit; return the commit."""
-    env = {**os.environ, **_FIXED_IDENTITY}
-    for args in (["init", "-q"], ["-c", "core.autocrlf=false", "add", "-A", "-f"],
+def commit_all(folder: Path, message: str) -> str:
+    """Make ``folder`` (no git metadata) a repository, branch ``main``, with every file in one commit of
+    ``FIXED_IDENTITY``; return the commit."""
+    env = {**os.environ, **FIXED_IDENTITY}
+    for args in (["init", "-q", "-b", "main"], ["-c", "core.autocrlf=false", "add", "-A", "-f"],
                  ["commit", "-q", "--no-verify", "--no-gpg-sign", "-m", message]):
         subprocess.run(["git", "-C", str(folder), *args], check=True, env=env, stdout=subprocess.DEVNULL)
     return _git(folder, "rev-parse", "HEAD")
@@ -226,7 +229,7 @@ def from_sdist(tree: UpstreamTree) -> None:
         if tree.commit:  # the sdist carries the repository: its HEAD is the tree
             commit = _git(vendor, "rev-parse", "HEAD")
         else:
-            commit = _commit_all(vendor, f"llama.cpp {tree.name} from {tree.sdist.filename}")
+            commit = commit_all(vendor, f"llama.cpp {tree.name} from {tree.sdist.filename}")
         _check_identity(tree, vendor, commit, f"the {tree.sdist.filename} vendored llama.cpp")
         _archive_commit(vendor, commit, tarball_path(tree.name))
 
@@ -263,10 +266,13 @@ def _require_llama_cpp(checkout: Path) -> None:
 def from_git(tree: UpstreamTree, url: str) -> None:
     """The named tree from upstream's repository (its build tag), checked against the recorded identity."""
     commit = resolve_git(tree.commit or tree.name, url)
-    with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
-        repo = Path(tmp) / "t"
-        extract_tree(commit, repo)
-        _check_identity(tree, repo, tree.commit or _commit_all(repo, tree.name), f"{url} {tree.name}")
+    if tree.commit:
+        _check_identity(tree, cache_root(), commit, f"{url} {tree.name}")
+    else:  # the tree hash of the fetched files (resolve_git keeps no clone: from its archive)
+        with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
+            repo = Path(tmp) / "t"
+            extract_tree(commit, repo)
+            _check_identity(tree, repo, commit_all(repo, tree.name), f"{url} {tree.name}")
     shutil.copyfile(tarball_path(commit), tarball_path(tree.name))
 
 

@@ -52,7 +52,7 @@ def test_cached_tree_is_the_pinned_tree(pinned_tree: Path) -> None:
     repo = upstream.cache_root() / "upstream" / f"identity-{os.getpid()}"
     try:
         upstream.extract_tree(upstream.PIN, repo)
-        assert upstream._git(repo, "rev-parse", f"{upstream._commit_all(repo, 'check')}^{{tree}}") == pin.tree_hash
+        assert upstream._git(repo, "rev-parse", f"{upstream.commit_all(repo, 'check')}^{{tree}}") == pin.tree_hash
     finally:
         shutil.rmtree(repo, ignore_errors=True)
 
@@ -62,7 +62,7 @@ def test_a_tree_of_other_files_is_refused(tmp_path: Path, pinned_tree: Path) -> 
     other = tmp_path / "other"
     upstream.extract_tree(upstream.PIN, other)
     append("README.md", "one more line\n")(other)
-    upstream._commit_all(other, "not the pin")
+    upstream.commit_all(other, "not the pin")
     with pytest.raises(upstream.UpstreamError, match="is not b11549's recorded"):
         upstream.from_checkout(upstream.TREES[upstream.PIN], other)
     with pytest.raises(upstream.UpstreamError, match="unknown upstream tree 'b1'"):
