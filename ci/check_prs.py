@@ -41,7 +41,7 @@ class PR:
 
 
 PRS = (
-    PR("fixes", "server : client errors are answered with a 4xx and a message"),
+    PR("fixes", "llama-quantize : list the fallbacks with their reasons and the weights per type at the end of a run"),
     PR("s3d8", "tests : S3D8 in test-backend-ops and test-quantize-fns",
        (("./test-backend-ops", "test", "-b", "CPU", "-p", "s3d8"),)),
     PR("mllama", "server : mllama image inputs"),
