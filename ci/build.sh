@@ -12,7 +12,10 @@ for preset in "${presets[@]}"; do
     # configure when the build folder is new or the presets/toolchain changed since it was configured (a
     # preset's cache variables only reach an existing build folder through `cmake --preset`)
     stamp=build/$preset/.s3d8-presets.sha256
-    digest=$(cat CMakePresets.json cmake/*.cmake | sha256sum | cut -c1-16)
+    # (and when ci/ui.sh's web page appeared or went, which decides whether llama-server embeds one: CMakeLists.txt)
+    ui=absent
+    [[ -f $S3D8_CACHE/ui/dist/index.html ]] && ui=present
+    digest=$( (cat CMakePresets.json cmake/*.cmake; echo "web page $ui") | sha256sum | cut -c1-16)
     if [[ ! -f build/$preset/CMakeCache.txt || "$(cat "$stamp" 2>/dev/null)" != "$digest" ]]; then
         log=$(mktemp)
         cmake --preset "$preset" > "$log" 2>&1 || { cat "$log"; rm -f "$log"; exit 1; }

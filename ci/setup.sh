@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One idempotent set-up for a fresh machine (Debian/Ubuntu; root for apt) and for every later run:
 #   system packages → Python venv (.venv) with the pinned dependencies → pinned upstream llama.cpp
-#   (cached under .cache/) → patched tree (work/llama.cpp). A second run downloads and rebuilds nothing.
+#   (cached under .cache/) → patched tree (work/llama.cpp) → llama-server's web page, built with npm from the
+#   patched tree's tools/ui (ci/ui.sh, cached under .cache/ui). A second run downloads and rebuilds nothing.
 # Builds are done by ci/build.sh; ci/main.sh and ci/test.sh call both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,9 +12,11 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
 # --- system packages -------------------------------------------------------------------------------
 # clang + libclang-rt-14-dev (libFuzzer and the sanitizer runtimes of Debian 12's clang 14): the fuzz preset
+# chromium: the browser test of llama-server's web page only (tests/python/test_server_ui.py, headless)
 APT_PACKAGES=(build-essential cmake ninja-build ccache git pkg-config
               gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
-              clang libclang-rt-14-dev)
+              clang libclang-rt-14-dev
+              chromium)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -50,3 +53,6 @@ fi
 # --- upstream tree and patched working tree ------------------------------------------------------------
 "$VENV/bin/python" ci/upstream.py fetch >/dev/null
 "$VENV/bin/python" ci/patches.py sync
+
+# --- llama-server's web page (npm, node >= 20.19) and the browser test's playwright-core, cached ------------
+bash ci/ui.sh

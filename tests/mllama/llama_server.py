@@ -123,12 +123,14 @@ class Server:
         return self.proc.returncode
 
 
-def start(exe: Path, text: Path, mmproj: Path, log: Path, *, n_parallel: int, n_ctx: int, threads: int = 2,
+def start(exe: Path, text: Path, mmproj: Path | None, log: Path, *, n_parallel: int, n_ctx: int, threads: int = 2,
           extra: Sequence[str] = (), env: Mapping[str, str] | None = None, ready_timeout: float = 120) -> Server:
     """Start llama-server on a free loopback port and wait until /health answers 200; ServerError otherwise (the
-    process is then stopped). ``env``: variables added to the server's environment."""
+    process is then stopped). ``mmproj`` None: a server without the vision projector (text only). ``env``: variables
+    added to the server's environment."""
     port = free_port()
-    cmd = [str(exe), "-m", str(text), "--mmproj", str(mmproj), "--host", "127.0.0.1", "--port", str(port),
+    projector = ("--mmproj", str(mmproj)) if mmproj is not None else ()
+    cmd = [str(exe), "-m", str(text), *projector, "--host", "127.0.0.1", "--port", str(port),
            "-np", str(n_parallel), "-c", str(n_ctx), "-t", str(threads), *COMMON_ARGS, *extra]
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,

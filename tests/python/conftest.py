@@ -23,3 +23,8 @@ SLOW_FILES_FIRST = ("test_qat_mllama.py", "test_phone_path.py", "test_ci_tooling
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(Path(str(item.path)).name, len(rank)))  # stable: test order within a file kept
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "browser: drives headless Chromium against llama-server's web page "
+                                       "(tests/browser; `-m browser` runs only these)")
