@@ -45,8 +45,10 @@ PRS = (
     PR("s3d8", "tests : S3D8 in test-backend-ops and test-quantize-fns",
        (("./test-backend-ops", "test", "-b", "CPU", "-p", "s3d8"),)),
     PR("mllama", "server : mllama image inputs"),
-    # the last PR's prefix is the whole series: its own tests (test-kv-types and the Python KV tests) are ci/test.sh's
     PR("kv-types", "llama : own cache types, rotation and size report for the mllama cross-attention store"),
+    # GPTQ for S3D8 in C (issue 34): a follow-up of the s3d8 PR, last until it is folded there. The last PR's prefix is
+    # the whole series: its own tests (tests/python/test_gptq_c.py, the KV tests) are ci/test.sh's
+    PR("s3d8-gptq", "llama-quantize : --hessian runs GPTQ for S3D8 tensors"),
 )
 UPSTREAM_TOOLS = ("llama-cli", "llama-mtmd-cli", "llama-server", "llama-quantize", "llama-bench", "llama-perplexity",
                   "llama-imatrix", "llama-tokenize")

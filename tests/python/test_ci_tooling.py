@@ -441,10 +441,10 @@ def test_a_type_id_of_a_neighbour_tree_fails_unless_documented(monkeypatch, tmp_
 
 def test_the_prs_partition_the_series() -> None:
     """ci/check_prs.py: every patch of the series belongs to exactly one PR, in the order upstream merges them
-    (fixes, S3D8, mllama, KV types), and no fix names our types or architecture."""
+    (fixes, S3D8, mllama, KV types, then S3D8's GPTQ as a follow-up), and no fix names our types or architecture."""
     import check_prs
     plan = check_prs.prefixes()
-    assert [pr.name for pr, _ in plan] == ["fixes", "s3d8", "mllama", "kv-types"]
+    assert [pr.name for pr, _ in plan] == ["fixes", "s3d8", "mllama", "kv-types", "s3d8-gptq"]
     assert plan[-1][1] == patches.series()
     fixes = plan[0][1]
     for p in fixes:
