@@ -43,17 +43,18 @@ sys.path.insert(0, str(REPO))
 
 
 def run_measured(cmd: list[str], threads: int) -> tuple[float, int, str]:
-    """(wall seconds, peak resident bytes, log) of one command."""
+    """(wall seconds, peak resident bytes, log) of one command. The peak comes from GNU time's %M: a child of
+    this (large) Python process would report this process's resident size in its own ru_maxrss."""
+    gnu_time = Path("/usr/bin/time")
+    full = [str(gnu_time), "-f", "S3D8_MAXRSS_KB %M", *cmd] if gnu_time.is_file() else cmd
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    out = p.stdout.read() if p.stdout else ""
-    _, status, usage = os.wait4(p.pid, 0)
+    r = subprocess.run(full, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     dt = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
+    out = r.stdout + r.stderr
+    if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out[-3000:]}")
-    return dt, usage.ru_maxrss * 1024, out
+    m = re.search(r"S3D8_MAXRSS_KB (\d+)", out)
+    return dt, int(m.group(1)) * 1024 if m else -1, out
 
 
 @dataclass

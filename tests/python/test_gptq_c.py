@@ -1,0 +1,363 @@
+"""GPTQ for S3D8 in C: ``llama-imatrix --save-xtx`` writes each weight's input X^T X, ``llama-quantize --hessian``
+runs GPTQ with it (``ggml_s3d8_quantize_gptq``), the C twin of ``qat.gptq_s3d8.gptq_s3d8_matrix``
+(docs/hessian-format.md).
+
+On real SmolLM2 tensors with a real X^T X file: the file's layout (one matrix per distinct input, symmetric, its
+diagonal the imatrix), the C containers against the torch GPTQ given the same Hessian (byte-identical, or the
+difference bounded: the fraction of values that differ and the layer-output error tr(dW H dW^T) of both), and the
+bad inputs (another model, the wrong column count, NaN, a matrix that is not positive semi-definite or not
+symmetric, a file that is no X^T X file), each a clear error naming the tensor, with no output left behind; a
+Hessian that needs more damping is logged.
+
+The binaries: ``$S3D8_GPTQ_BIN_DIR``, else ``$S3D8_BIN_DIR``, else ``build/host/bin``; the module is skipped (with
+the reason) when they lack ``--save-xtx`` / ``--hessian``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import gguf
+
+import gguf_s3d8
+from convert import assets
+from convert.to_gguf import main as convert_main
+from gguf_s3d8.imatrix import read_imatrix
+from qat.gptq_s3d8 import gptq_s3d8_matrix
+
+REPO = Path(__file__).resolve().parents[2]
+#: the ffn_down layers compared with the torch GPTQ (layer 11 reads SmolLM2's super-activation columns)
+LAYERS = (0, 11)
+TOKENS = 8 * 256
+#: the bound on a C / torch difference (they differ only where torch's BLAS rounds a sum differently)
+MAX_DIFFERING_VALUES = 2e-3
+MAX_OUTPUT_ERROR_CHANGE = 2e-3
+
+
+def bin_dir() -> Path:
+    for var in ("S3D8_GPTQ_BIN_DIR", "S3D8_BIN_DIR"):
+        if os.environ.get(var):
+            return Path(os.environ[var])
+    return REPO / "build" / "host" / "bin"
+
+
+def run(cmd: list[str], ok: bool = True, threads: str = "2") -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "OMP_NUM_THREADS": threads})
+    if ok:
+        assert r.returncode == 0, f"{cmd[0]} exited {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}"
+    return r
+
+
+@pytest.fixture(scope="module")
+def tools() -> dict[str, str]:
+    d = bin_dir()
+    exes = {name: d / name for name in ("llama-imatrix", "llama-quantize")}
+    for exe in exes.values():
+        if not exe.is_file():
+            pytest.skip(f"{exe} not found: build llama.cpp (`bash ci/build.sh host`) or set S3D8_GPTQ_BIN_DIR")
+    help_im = run([str(exes["llama-imatrix"]), "--help"], ok=False)
+    help_q = run([str(exes["llama-quantize"]), "--help"], ok=False)
+    if "--save-xtx" not in help_im.stdout + help_im.stderr or "--hessian" not in help_q.stdout + help_q.stderr:
+        pytest.skip(f"the binaries in {d} have no llama-imatrix --save-xtx / llama-quantize --hessian (a tree without "
+                    "the GPTQ patches); set S3D8_GPTQ_BIN_DIR to a build that has them")
+    return {k: str(v) for k, v in exes.items()}
+
+
+@pytest.fixture(scope="module")
+def smollm2(tools: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """SmolLM2 f16, an imatrix and the X^T X file of layers 0 and 11 from one llama-imatrix run on training text."""
+    d = tmp_path_factory.mktemp("gptq_c")
+    f16 = d / "f16.gguf"
+    assert convert_main([str(assets.smollm2_hf_dir()), "--type", "f16", "-o", str(f16), "--no-progress"]) == 0
+    text = d / "train.txt"
+    text.write_text(assets.wiki_text("train")[:60000], encoding="utf-8")
+    im, xtx = d / "imatrix.gguf", d / "xtx.gguf"
+    r = run([tools["llama-imatrix"], "-m", str(f16), "-f", str(text), "-c", "256", "--chunks", "8", "-t", "2",
+             "-o", str(im), "--save-xtx", str(xtx), "--xtx-include", r"^blk\.(0|11)\."])
+    assert "X^T X matrices" in r.stdout + r.stderr
+    return {"dir": d, "f16": f16, "imatrix": im, "xtx": xtx}
+
+
+# ---------------------------------------------------------------------------------------------------
+# the file (docs/hessian-format.md)
+
+
+def read_xtx(path: Path) -> dict[str, Any]:
+    """weights -> (matrix name, N, fingerprint), matrices -> float32 (k, k)."""
+    r = gguf.GGUFReader(path)
+    f = r.fields
+    assert f["general.type"].contents() == "xtx" and f["xtx.version"].contents() == 1
+    mats, tokens = f["xtx.matrices"].contents(), f["xtx.tokens"].contents()
+    weights, wm = f["xtx.weights"].contents(), f["xtx.weight_matrix"].contents()
+    fps = f["xtx.weight_fingerprints"].contents()
+    data = {t.name: np.array(t.data, dtype=np.float32).reshape(int(t.shape[1]), int(t.shape[0])) for t in r.tensors}
+    return {"weights": {w: (mats[i], int(tokens[i]), fp) for w, i, fp in zip(weights, wm, fps)},
+            "matrices": {m: data[m] for m in mats}, "tokens": dict(zip(mats, (int(t) for t in tokens)))}
+
+
+def hessian(xtx: dict[str, Any], weight: str) -> torch.Tensor:
+    """H = (X^T X * (2 / N)) as float32 from float64, as llama-quantize and qat.gptq.HessianCollector form it."""
+    m, n, _ = xtx["weights"][weight]
+    return (torch.from_numpy(xtx["matrices"][m]).to(torch.float64) * (2.0 / n)).to(torch.float32)
+
+
+def f16_matrix(f16: Path, name: str) -> np.ndarray:
+    t = next(t for t in gguf.GGUFReader(f16).tensors if t.name == name)
+    return np.asarray(t.data).astype(np.float32).reshape(int(t.shape[1]), int(t.shape[0]))
+
+
+def fnv_fingerprint(raw: np.ndarray, type_name: str, ne: list[int]) -> str:
+    """The fingerprint of docs/hessian-format.md (FNV-1a over little-endian 64-bit words, then the tail bytes)."""
+    b = raw.tobytes()
+    h, mask = 0xCBF29CE484222325, (1 << 64) - 1
+    n8 = len(b) // 8 * 8
+    for w in np.frombuffer(b[:n8], dtype="<u8").tolist():
+        h = ((h ^ w) * 0x100000001B3) & mask
+    for c in b[n8:]:
+        h = ((h ^ c) * 0x100000001B3) & mask
+    return f"{type_name}:{'x'.join(str(x) for x in ne)}:{h:016x}"
+
+
+def test_xtx_file_one_matrix_per_input(smollm2: dict[str, Path]) -> None:
+    xtx = read_xtx(smollm2["xtx"])
+    w = xtx["weights"]
+    for layer in (0, 11):
+        b = f"blk.{layer}."
+        # q, k and v share the attention input, gate and up the FFN input; attn_output and ffn_down have their own
+        assert w[b + "attn_q.weight"][0] == w[b + "attn_k.weight"][0] == w[b + "attn_v.weight"][0]
+        assert w[b + "ffn_gate.weight"][0] == w[b + "ffn_up.weight"][0]
+        mats = {w[b + n + ".weight"][0] for n in ("attn_q", "ffn_gate", "attn_output", "ffn_down")}
+        assert len(mats) == 4
+    assert len(xtx["matrices"]) == 8 and len(w) == 14
+    assert set(xtx["tokens"].values()) == {TOKENS}
+    for m in xtx["matrices"].values():
+        assert np.array_equal(m, m.T) and (np.diagonal(m) >= 0).all()
+    # the diagonal is the imatrix's statistic (sum of squares per input column; float sums in another order)
+    im = read_imatrix(smollm2["imatrix"])
+    for name in ("blk.11.ffn_down.weight", "blk.0.attn_k.weight", "blk.0.ffn_up.weight"):
+        m, n, _ = w[name]
+        k = xtx["matrices"][m].shape[0]
+        rows = im.for_tensor(name, k)
+        assert rows is not None
+        np.testing.assert_allclose(np.diagonal(xtx["matrices"][m]) / n, rows[0], rtol=1e-4, atol=1e-12)
+    # the fingerprint of the weights llama-imatrix read
+    t = next(t for t in gguf.GGUFReader(smollm2["f16"]).tensors if t.name == "blk.0.ffn_down.weight")
+    want = fnv_fingerprint(np.asarray(t.data), "f16", [int(x) for x in t.shape] + [1, 1])
+    assert w["blk.0.ffn_down.weight"][2] == want
+
+
+# ---------------------------------------------------------------------------------------------------
+# C GPTQ against the torch GPTQ
+
+
+def quantize(tools: dict[str, str], smollm2: dict[str, Path], out: Path, *, hessian: Path | None,
+             imatrix: bool = True, layers: tuple[int, ...] = LAYERS, ok: bool = True, threads: str = "2",
+             ) -> subprocess.CompletedProcess[str]:
+    overrides = [a for i in layers for a in ("--tensor-type", f"^blk[.]{i}[.]ffn_down[.]weight$=s3d8")]
+    cmd = [tools["llama-quantize"], *(["--imatrix", str(smollm2["imatrix"])] if imatrix else []),
+           *(["--hessian", str(hessian)] if hessian else []), *overrides, str(smollm2["f16"]), str(out), "Q8_0", threads]
+    return run(cmd, ok=ok, threads=threads)
+
+
+@pytest.fixture(scope="module")
+def iw1(tools: dict[str, str], smollm2: dict[str, Path]) -> Path:
+    """llama-quantize --imatrix without --hessian: the iw1 start."""
+    out = smollm2["dir"] / "iw1.gguf"
+    quantize(tools, smollm2, out, hessian=None)
+    return out
+
+
+def containers(path: Path, names: list[str]) -> dict[str, np.ndarray]:
+    ts = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(path).tensors}
+    return {n: ts[n] for n in names}
+
+
+def compare(w: np.ndarray, h: torch.Tensor, c: np.ndarray, py: np.ndarray) -> dict[str, float]:
+    """The C / torch difference: share of values that differ, and tr(dW H dW^T) of each against the weights."""
+    qc, qp = gguf_s3d8.dequantize_s3d8(c), gguf_s3d8.dequantize_s3d8(py)
+    hd = h.numpy().astype(np.float64)
+
+    def err(d: np.ndarray) -> float:
+        d = d.astype(np.float64)
+        return float(np.einsum("ij,jk,ik->", d, hd, d))
+
+    e_c, e_p = err(w - qc), err(w - qp)
+    return {"differing": float((qc != qp).mean()), "err_c": e_c, "err_py": e_p, "change": e_c / e_p - 1.0,
+            "cross": err(qc - qp) / e_p}
+
+
+@pytest.mark.parametrize("imatrix", [True, False], ids=["imatrix-start", "diag-start"])
+def test_c_gptq_matches_the_torch_gptq(tools: dict[str, str], smollm2: dict[str, Path], iw1: Path,
+                                      imatrix: bool) -> None:
+    """llama-quantize --hessian against qat.gptq_s3d8.gptq_s3d8_matrix with the same H and the same start (iw1 with
+    the imatrix: llama-quantize --imatrix's container as the torch side's ``start``; without: iw1 with diag(H) on
+    both sides, numpy's iw1 being byte-identical to C's)."""
+    d = smollm2["dir"]
+    names = [f"blk.{i}.ffn_down.weight" for i in LAYERS]
+    out = d / f"gptq-{imatrix}.gguf"
+    r = quantize(tools, smollm2, out, hessian=smollm2["xtx"], imatrix=imatrix)
+    log = r.stdout + r.stderr
+    assert log.count("(GPTQ, X^T X of 2048 tokens") == len(LAYERS), log[-2000:]
+    got = containers(out, names)
+    starts = containers(iw1, names) if imatrix else {}
+    xtx = read_xtx(smollm2["xtx"])
+    for name in names:
+        w, h = f16_matrix(smollm2["f16"], name), hessian(xtx, name)
+        py = gptq_s3d8_matrix(w, h, name=name, start=starts.get(name)).container
+        if np.array_equal(py, got[name]):
+            continue
+        s = compare(w, h, got[name], py)
+        assert s["differing"] <= MAX_DIFFERING_VALUES and abs(s["change"]) <= MAX_OUTPUT_ERROR_CHANGE, f"{name}: {s}"
+    # the result does not depend on the thread count
+    one = d / f"gptq-{imatrix}-1.gguf"
+    quantize(tools, smollm2, one, hessian=smollm2["xtx"], imatrix=imatrix, threads="1")
+    for name, c in containers(one, names).items():
+        assert np.array_equal(c, got[name]), name
+
+
+def output_error(w: np.ndarray, h: np.ndarray, c: np.ndarray) -> float:
+    """tr(dW H dW^T) of a container against the weights."""
+    d = (w - gguf_s3d8.dequantize_s3d8(c)).astype(np.float64)
+    return float(np.einsum("ij,jk,ik->", d, h, d))
+
+
+def test_gptq_lowers_the_layer_output_error(tools: dict[str, str], smollm2: dict[str, Path], iw1: Path) -> None:
+    """tr(dW H dW^T) of GPTQ is far below iw1's (the start) on both layers."""
+    d = smollm2["dir"]
+    names = [f"blk.{i}.ffn_down.weight" for i in LAYERS]
+    gptq_file = d / "gptq-True.gguf"
+    if not gptq_file.exists():
+        quantize(tools, smollm2, gptq_file, hessian=smollm2["xtx"])
+    gptq, start = containers(gptq_file, names), containers(iw1, names)
+    xtx = read_xtx(smollm2["xtx"])
+    for name in names:
+        w, h = f16_matrix(smollm2["f16"], name), hessian(xtx, name).numpy().astype(np.float64)
+        assert output_error(w, h, gptq[name]) < 0.8 * output_error(w, h, start[name]), name
+
+
+# ---------------------------------------------------------------------------------------------------
+# bad input
+
+
+def write_xtx(path: Path, mats: dict[str, np.ndarray], weights: dict[str, tuple[str, str]], tokens: int = TOKENS,
+              general_type: str = "xtx") -> None:
+    """An X^T X file (docs/hessian-format.md): ``weights`` maps a weight to (its matrix, its fingerprint)."""
+    w = gguf.GGUFWriter(path, arch="xtx")
+    w.add_string("general.type", general_type)
+    w.add_uint32("xtx.version", 1)
+    w.add_array("xtx.datasets", ["test"])
+    names = list(mats)
+    w.add_key_value("xtx.matrices", names, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)
+    w.add_key_value("xtx.tokens", [tokens] * len(names), gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT64)
+    w.add_key_value("xtx.weights", list(weights), gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)
+    w.add_key_value("xtx.weight_matrix", [names.index(m) for m, _ in weights.values()], gguf.GGUFValueType.ARRAY,
+                    sub_type=gguf.GGUFValueType.UINT32)
+    w.add_key_value("xtx.weight_fingerprints", [fp for _, fp in weights.values()], gguf.GGUFValueType.ARRAY,
+                    sub_type=gguf.GGUFValueType.STRING)
+    for name, m in mats.items():
+        w.add_tensor(name, np.ascontiguousarray(m, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+NAME = "blk.0.ffn_down.weight"
+
+
+def _bad(smollm2: dict[str, Path], case: str) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, str]]]:
+    xtx = read_xtx(smollm2["xtx"])
+    m, _, fp = xtx["weights"][NAME]
+    a = xtx["matrices"][m].copy()
+    if case == "wrong-columns":
+        a = a[:1024, :1024]
+    elif case == "nan":
+        a[3, 700] = a[700, 3] = np.nan
+    elif case == "inf-diagonal":
+        a[5, 5] = np.inf
+    elif case == "negative-diagonal":
+        a[9, 9] = -1.0
+    elif case == "not-psd":
+        a[2, 3] = a[3, 2] = 3.0 * np.sqrt(a[2, 2] * a[3, 3])
+    elif case == "asymmetric":
+        a[4, 6] += 0.5 * np.sqrt(a[4, 4] * a[6, 6])
+    elif case == "other-model":
+        fp = fp[:-1] + ("0" if fp[-1] != "0" else "1")
+    elif case == "other-names":
+        return {"x.xtx": a}, {"model.layers.0.mlp.down_proj.weight": ("x.xtx", "")}
+    return {m: a}, {NAME: (m, fp)}
+
+
+@pytest.mark.parametrize("case, message", [
+    ("wrong-columns", "but the tensor has 1536 columns"),
+    ("nan", "is not finite"),
+    ("inf-diagonal", "not finite"),
+    ("negative-diagonal", "not positive semi-definite"),
+    ("not-psd", "not positive semi-definite"),
+    ("asymmetric", "not symmetric"),
+    ("other-model", "computed on other weights"),
+    ("other-names", "none of its 1 weights is a tensor of this model"),
+])
+def test_bad_hessian_is_a_clear_error(tools: dict[str, str], smollm2: dict[str, Path], tmp_path: Path,
+                                      case: str, message: str) -> None:
+    bad = tmp_path / f"{case}.gguf"
+    write_xtx(bad, *_bad(smollm2, case))
+    out = tmp_path / "q.gguf"
+    r = quantize(tools, smollm2, out, hessian=bad, layers=(0,), ok=False)
+    log = r.stdout + r.stderr
+    assert r.returncode != 0, log[-2000:]
+    assert message in log, log[-2000:]
+    if case != "other-names":
+        assert NAME in log, log[-2000:]
+    assert not out.exists()
+
+
+def test_not_an_xtx_file(tools: dict[str, str], smollm2: dict[str, Path], tmp_path: Path) -> None:
+    """The imatrix file (a GGUF, but general.type "imatrix") and a text file are refused before anything is written."""
+    out = tmp_path / "q.gguf"
+    r = quantize(tools, smollm2, out, hessian=smollm2["imatrix"], layers=(0,), ok=False)
+    assert r.returncode != 0 and "not an X^T X file" in r.stdout + r.stderr and not out.exists()
+    txt = tmp_path / "x.txt"
+    txt.write_text("hello")
+    r = quantize(tools, smollm2, out, hessian=txt, layers=(0,), ok=False)
+    assert r.returncode != 0 and "cannot read it as a GGUF file" in r.stdout + r.stderr and not out.exists()
+
+
+def test_damping_is_raised_and_logged(tools: dict[str, str], smollm2: dict[str, Path], tmp_path: Path) -> None:
+    """An indefinite matrix that passes the 2 x 2 checks: GPTQ raises the damping until the factorization succeeds
+    (qat.gptq's rule) and says so, naming the tensor; the torch GPTQ ends at the same damping."""
+    xtx = read_xtx(smollm2["xtx"])
+    m, n, fp = xtx["weights"][NAME]
+    a = xtx["matrices"][m].copy()
+    # three columns i, j, l with correlations +0.9 (i, j), +0.9 (j, l), -0.9 (i, l) and none with the others:
+    # (1, -1, 1) in their scaled coordinates has the eigenvalue -0.8 (every |H_ij| <= sqrt(H_ii H_jj) holds)
+    dg = np.diagonal(a).astype(np.float64)
+    i, j, l = np.argsort(np.abs(dg - 0.2 * dg.mean()))[:3]
+    for x in (i, j, l):
+        a[x, :] = 0.0
+        a[:, x] = 0.0
+        a[x, x] = dg[x]
+    for (x, y, c) in ((i, j, 0.9), (j, l, 0.9), (i, l, -0.9)):
+        a[x, y] = a[y, x] = c * np.sqrt(dg[x] * dg[y])
+    bad = tmp_path / "indefinite.gguf"
+    write_xtx(bad, {m: a}, {NAME: (m, fp)}, tokens=n)
+    out = tmp_path / "q.gguf"
+    r = quantize(tools, smollm2, out, hessian=bad, layers=(0,))
+    log = r.stdout + r.stderr
+    assert NAME in log and "failed Cholesky factorization" in log, log[-2000:]
+    damp = float(log.split("damping ")[1].split(" x mean")[0])
+    assert damp > 0.05
+    from qat.gptq import inverse_hessian_factor
+
+    h = (torch.from_numpy(a).to(torch.float64) * (2.0 / n)).to(torch.float32)
+    _, d_py, failures = inverse_hessian_factor(h)
+    assert failures > 0 and abs(d_py - damp) < 0.005
+    assert out.exists()
