@@ -15,9 +15,7 @@ the layer-11 lottery was made with uniform weights, the encoder before 2026-12-0
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -28,7 +26,8 @@ from gguf_s3d8 import series_gguf
 from gguf_s3d8.imatrix import read_imatrix
 
 # benchmarks/ is a folder of scripts, not a package: the script's own folder is sys.path[0] when it runs
-from s3d8_fit_streams import MAIN_JOB, ROOT, kld  # type: ignore[import-not-found]
+from s3d8_fit_streams import MAIN_JOB, ROOT  # type: ignore[import-not-found]
+from s3d8_robustness import measure  # type: ignore[import-not-found]
 
 N_LAYERS = 30
 NAMES = [f"blk.{layer}.ffn_down.weight" for layer in range(N_LAYERS)]
@@ -51,21 +50,6 @@ def encode_all(seed: int, use_imatrix: bool, jobs: int) -> dict[str, np.ndarray]
         work.append((w, None if u is None else u.reshape(-1), seed, name))
     with ProcessPoolExecutor(jobs) as pool:
         return dict(zip(NAMES, pool.map(_encode, work)))
-
-
-def measure(containers: dict[str, np.ndarray], bin_dir: Path) -> float:
-    """KLD of the main job's S3D8 file with its ffn_down tensors replaced by ``containers``."""
-    gguf = series_gguf()
-    with tempfile.TemporaryDirectory(dir=MAIN_JOB) as tmp:
-        model = Path(tmp) / "model.gguf"
-        shutil.copyfile(MAIN_JOB / "smollm2-135m-s3d8-iw1.gguf", model)
-        dst = gguf.GGUFReader(model, "r+")
-        for t in dst.tensors:
-            if t.name in containers:
-                t.data.reshape(-1)[:] = containers[t.name].reshape(-1)
-        dst.data.flush()
-        del dst
-        return kld(model, bin_dir)
 
 
 def layer_range(spec: str) -> range:
