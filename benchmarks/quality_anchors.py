@@ -539,14 +539,6 @@ def file_signature(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns]
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @dataclass
 class Inputs:
     f16: Path
@@ -695,7 +687,7 @@ class Bench:
         self.times.record(f"quant:{out.name}", s)
         self._phase("quantise", s)
         if fresh:  # --retime: keep the measured file, report whether the tool is deterministic
-            same = sha256(tmp) == sha256(out)
+            same = ik_build.upstream.sha256_file(tmp) == ik_build.upstream.sha256_file(out)
             tmp.unlink()
             return out, same
         os.replace(tmp, out)
@@ -857,7 +849,7 @@ class Bench:
             "n_variant_tensors": len(variant_names), "variant_elements": sum(
                 t.n_elements for t in f16_table.tensors if self.model.is_variant(t.name)),
             "f16": {"path": bench_common.shown(inp.f16).as_posix(), "mib": lay.file_mib, "rows": f16_rows},
-            "imatrix": {p: {"path": bench_common.shown(f).as_posix(), "sha256": sha256(f)}
+            "imatrix": {p: {"path": bench_common.shown(f).as_posix(), "sha256": ik_build.upstream.sha256_file(f)}
                         for p, f in inp.imatrix.items() if f.exists()},
             "iq2_m_types": (dict(json.loads((self.dir / "iq2_m-types.json").read_text()))
                             if (self.dir / "iq2_m-types.json").exists() else {}),

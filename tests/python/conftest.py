@@ -25,6 +25,21 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items.sort(key=lambda item: rank.get(Path(str(item.path)).name, len(rank)))  # stable: test order within a file kept
 
 
+@pytest.fixture(scope="session")
+def smollm2_f16_and_text(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """SmolLM2-135M-Instruct as an f16 GGUF and 60,000 characters of the training text: the input of the tests
+    that run llama-imatrix on a real model (test_codec_importance.py, test_gptq_c.py), converted once per worker."""
+    from convert import assets
+    from convert.to_gguf import main as convert_main
+
+    d = tmp_path_factory.mktemp("smollm2")
+    f16 = d / "f16.gguf"
+    assert convert_main([str(assets.smollm2_hf_dir()), "--type", "f16", "-o", str(f16), "--no-progress"]) == 0
+    text = d / "train.txt"
+    text.write_text(assets.wiki_text("train")[:60000], encoding="utf-8")
+    return f16, text
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "browser: drives headless Chromium against llama-server's web page "
                                        "(tests/browser; `-m browser` runs only these)")

@@ -21,7 +21,6 @@ import pytest
 import gguf
 
 import gguf_s3d8  # noqa: F401  (the series' gguf-py, which defines S3D8)
-from convert import assets
 from convert.to_gguf import main as convert_main
 from gguf_s3d8 import dequantize_s3d8, quantize_s3d8
 from gguf_s3d8.imatrix import ImatrixError, read_imatrix, write_legacy_imatrix
@@ -52,13 +51,10 @@ def run(cmd: list[str], env: dict[str, str] | None = None, ok: bool = True) -> s
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def smollm2(smollm2_f16_and_text: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """SmolLM2 f16 GGUF and an imatrix of it computed by llama-imatrix on training text (GGUF and legacy)."""
     d = tmp_path_factory.mktemp("iw1")
-    f16 = d / "f16.gguf"
-    assert convert_main([str(assets.smollm2_hf_dir()), "--type", "f16", "-o", str(f16), "--no-progress"]) == 0
-    text = d / "train.txt"
-    text.write_text(assets.wiki_text("train")[:60000], encoding="utf-8")
+    f16, text = smollm2_f16_and_text
     im_gguf, im_dat = d / "imatrix.gguf", d / "imatrix.dat"
     for out, fmt in ((im_gguf, "gguf"), (im_dat, "dat")):
         run([tool("llama-imatrix"), "-m", str(f16), "-f", str(text), "-c", "256", "--chunks", "8", "-t", "2",

@@ -27,8 +27,6 @@ import torch
 import gguf
 
 import gguf_s3d8
-from convert import assets
-from convert.to_gguf import main as convert_main
 from gguf_s3d8.imatrix import read_imatrix
 from qat.gptq_s3d8 import gptq_s3d8_matrix
 
@@ -72,13 +70,11 @@ def tools() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def smollm2(tools: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def smollm2(tools: dict[str, str], smollm2_f16_and_text: tuple[Path, Path],
+            tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """SmolLM2 f16, an imatrix and the X^T X file of layers 0 and 11 from one llama-imatrix run on training text."""
     d = tmp_path_factory.mktemp("gptq_c")
-    f16 = d / "f16.gguf"
-    assert convert_main([str(assets.smollm2_hf_dir()), "--type", "f16", "-o", str(f16), "--no-progress"]) == 0
-    text = d / "train.txt"
-    text.write_text(assets.wiki_text("train")[:60000], encoding="utf-8")
+    f16, text = smollm2_f16_and_text
     im, xtx = d / "imatrix.gguf", d / "xtx.gguf"
     r = run([tools["llama-imatrix"], "-m", str(f16), "-f", str(text), "-c", "256", "--chunks", "8", "-t", "2",
              "-o", str(im), "--save-xtx", str(xtx), "--xtx-include", r"^blk\.(0|11)\."])
