@@ -184,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--build-jobs", type=int, default=2, help="parallel jobs of the ik_llama.cpp build (default 2)")
     ap.add_argument("--no-bench", action="store_true", help="skip llama-bench")
     ap.add_argument("--rebench", action="store_true", help="run llama-bench again on every file (cached otherwise)")
+    ap.add_argument("--bench-tries", type=int, default=3,
+                    help="llama-bench runs (-r 1 each) per file, the fastest kept (default 3)")
+    ap.add_argument("--quiet-wait", type=float, default=120.0,
+                    help="seconds to wait before each llama-bench run for no other runnable process (default 120)")
     ap.add_argument("--ik-bench-args", default="", help="extra arguments for ik's llama-bench (e.g. '-rtr 1')")
     ap.add_argument("--remeasure", action="store_true", help="ignore cached measurements (files stay cached)")
     ap.add_argument("--retime", action="store_true",
@@ -441,6 +445,37 @@ def parse_perplexity(output: str, kld: bool) -> Any:
     return llama_perplexity.parse(output, kld=kld)
 
 
+def best_of(tries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest pp and tg over llama-bench tries (interference only ever slows a run down), the lowest load
+    average seen before one of them and how many tries found the machine quiet."""
+    def best(k: str) -> float:
+        vals = [t[k] for t in tries if not math.isnan(t[k])]
+        return max(vals) if vals else float("nan")
+
+    return {"pp512": best("pp512"), "tg128": best("tg128"), "load1": min(t["load1"] for t in tries),
+            "quiet": sum(bool(t.get("quiet")) for t in tries)}
+
+
+def runnable_others() -> int:
+    """Processes running or runnable right now besides the caller (/proc/loadavg's fourth field counts it)."""
+    try:
+        return int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def wait_quiet(max_seconds: float, samples: int = 5) -> bool:
+    """Wait (at most ``max_seconds``) until no other process has been runnable for ``samples`` checks 0.2 s apart;
+    whether that happened."""
+    deadline, calm = time.monotonic() + max_seconds, 0
+    while time.monotonic() < deadline:
+        calm = calm + 1 if runnable_others() == 0 else 0
+        if calm >= samples:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def tensor_type_args(project: str, overrides: dict[str, str]) -> list[str]:
     """``llama-quantize`` arguments that give each regex its type: mainline ``--tensor-type R=T`` (repeated), ik
     ``--custom-q R1=T1,R2=T2`` (ik matches the first rule that fits; the regexes here do not overlap)."""
@@ -675,6 +710,7 @@ class Bench:
         if fresh and not self.args.retime:
             return out, None
         tmp = out.with_name(f".{out.stem}.tmp.gguf")
+        wait_quiet(min(self.args.quiet_wait, 30.0))  # its wall time is reported
         r, s = self.runner.run([self.runner.exe(project, "llama-quantize"), "--imatrix", str(imatrix),
                                 *tensor_type_args(project, overrides), str(inp.f16), str(tmp), OUTSIDE_TYPE,
                                 str(self.args.threads)], f"{project} llama-quantize {qtype} ({self.model.key})")
@@ -750,20 +786,28 @@ class Bench:
         row.ppl_s = got.get("seconds", float("nan"))
 
     def bench(self, row: Row) -> None:
+        """``llama-bench -p 512 -n 128 -r 1`` with the file's own project's build, ``--bench-tries`` times (each
+        after waiting, up to ``--quiet-wait`` s, for no other runnable process): the best pp and tg of the tries
+        (a 2-thread run that shares a 2-core machine loses whole time slices at every barrier)."""
         path, tools_of = Path(row.path), "ik" if row.project == "ik" else "mainline"
         key = f"bench:{row.project}:{row.label}"
         extra = shlex.split(self.args.ik_bench_args) if row.project == "ik" else []
-        sig = [file_signature(path), self.args.threads, extra]
+        sig = [file_signature(path), self.args.threads, extra, self.args.bench_tries]
         got = None if self.args.rebench and key not in self.rebenched else self.cache.get(key)
         if not (got and got.get("sig") == sig):
             self.rebenched.add(key)
-            load = os.getloadavg()[0]
-            r, s = self.runner.run([self.runner.exe(tools_of, "llama-bench"), "-m", str(path), "-p", "512",
-                                    "-n", "128", "-t", str(self.args.threads), "-r", "1", *BENCH_FA[row.project],
-                                    *extra, "-o", "json"], f"{row.project} llama-bench {row.label} ({self.model.key})")
-            pp, tg = parse_bench(r.stdout)
-            got = {"sig": sig, "pp512": pp, "tg128": tg, "seconds": s, "load1": round(load, 2)}
-            self._phase("bench", s)
+            tries = []
+            for i in range(self.args.bench_tries):
+                quiet = wait_quiet(self.args.quiet_wait)
+                load = os.getloadavg()[0]
+                r, s = self.runner.run([self.runner.exe(tools_of, "llama-bench"), "-m", str(path), "-p", "512",
+                                        "-n", "128", "-t", str(self.args.threads), "-r", "1", *BENCH_FA[row.project],
+                                        *extra, "-o", "json"],
+                                       f"{row.project} llama-bench {row.label} ({self.model.key}, try {i + 1})")
+                pp, tg = parse_bench(r.stdout)
+                tries.append({"pp512": pp, "tg128": tg, "seconds": s, "load1": round(load, 2), "quiet": quiet})
+                self._phase("bench", s)
+            got = {"sig": sig, "tries": tries, **best_of(tries)}
             self._store(key, got)
         row.pp512, row.tg128, row.bench_load = got["pp512"], got["tg128"], got.get("load1", float("nan"))
 
@@ -1061,8 +1105,10 @@ def render_markdown(results: dict[str, Any]) -> str:
                 "later runs only check it (ninja: no work to do).", ""]
     out += ["Quantisation time is `llama-quantize`'s wall time for the whole file (the Q8_0 tensors included, the "
             "same work in every row) with the run's threads, measured when the file was made (or re-made by `--retime`). Speed: one `llama-bench` "
-            "repetition (`-p 512 -n 128 -r 1`, flash attention on; *load*: the machine's 1-minute load average just before "
-            "it ran - on a shared machine only rows with a low load compare), each file with its own project's build; "
+            "repetition (`-p 512 -n 128 -r 1`, flash attention on), run `--bench-tries` times (each after waiting up to "
+            "`--quiet-wait` s for no other runnable process), the fastest pp and tg kept; *load*: the lowest 1-minute "
+            "load average seen before a try (a 2-thread run on a shared 2-core machine loses whole time slices at "
+            "every barrier: rows with a high load do not compare), each file with its own project's build; "
             "both builds native (`GGML_NATIVE`), CPU only, Release; ik_llama.cpp with its defaults (no run-time "
             "repacking, `-rtr`, unless `--ik-bench-args` says so). The variant tensors are a small part of each file "
             "(the Q8_0 tensors and the f16-sized output/embedding matrices are the same in every row), so the speed "
@@ -1077,16 +1123,17 @@ MARKERS = {"ik": ("D", "tab:orange"), "mainline": ("o", "tab:blue"), "extra": ("
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    """KLD against bits per weight of the variant tensors, one panel per model; ik_llama.cpp's types as orange
-    diamonds, mainline's as blue circles, S3D8 (ours) as a red star, extra files as red crosses."""
+    """KLD against bits per weight of the variant tensors, one panel per model; ik_llama.cpp's types as hollow
+    orange diamonds, mainline's as blue circles, S3D8 (ours) as a red star, extra files as red crosses."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import FormatStrFormatter, ScalarFormatter
 
     models = results["models"]
-    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(6.5 * max(1, len(models)), 4.8), squeeze=False)
+    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(5.6 * max(1, len(models)), 4.8), squeeze=False)
     for ax, mod in zip(axes[0], models):
         for r in mod["rows"]:
             if r["error"] or math.isnan(r["kld"]):
@@ -1094,18 +1141,22 @@ def plot(results: dict[str, Any], path: Path) -> None:
             marker, colour = MARKERS[r["project"]]
             if r["project"] == "mainline" and r["qtype"] == "s3d8":
                 marker, colour = "*", "tab:red"
-            ax.scatter([r["variant_bpw"]], [r["kld"]], marker=marker, color=colour,
-                       s=130 if marker == "*" else 55, zorder=3)
+            hollow = r["project"] == "ik"  # a mainline point at the same place stays visible inside
+            ax.scatter([r["variant_bpw"]], [r["kld"]], marker=marker, s=130 if marker == "*" else 55, zorder=3,
+                       facecolors="none" if hollow else colour, edgecolors=colour, linewidths=1.6 if hollow else 1.0)
+            # ik's labels below their points, the others' above: the two IQ2_S share an x
             ax.annotate(r["label"] + (" (ik)" if r["project"] == "ik" else ""), (r["variant_bpw"], r["kld"]),
-                        textcoords="offset points", xytext=(6, 3), fontsize=8)
+                        textcoords="offset points", xytext=(6, -11) if r["project"] == "ik" else (6, 4), fontsize=8)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%.1f"))
         ax.set_xlabel(f"bits per weight of the {mod['n_variant_tensors']} variant tensors (Q8_0 elsewhere)")
         ax.set_ylabel(f"KLD vs f16 ({results['settings']['chunks']} x 512 held-out tokens)")
-        ax.set_title(mod["title"])
+        ax.set_title(f"{mod['title']}: {' + '.join(mod.get('roles', []))}" if mod.get("roles") else mod["title"])
         ax.grid(True, which="both", alpha=0.3)
     handles = [Line2D([], [], marker="*", color="tab:red", ls="", ms=11, label="S3D8 (ours, mainline tools)"),
                Line2D([], [], marker="o", color="tab:blue", ls="", label="mainline llama.cpp"),
-               Line2D([], [], marker="D", color="tab:orange", ls="", label="ik_llama.cpp (its own tools)"),
+               Line2D([], [], marker="D", color="tab:orange", mfc="none", ls="", label="ik_llama.cpp (its own tools)"),
                Line2D([], [], marker="P", color="tab:red", ls="", label="extra file (mainline tools)")]
     axes[0][0].legend(handles=handles, fontsize=8, loc="upper right")
     fig.suptitle("KLD against bits per weight, all with imatrix")
@@ -1185,7 +1236,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpu": lscpu_model_name(), "cores": os.cpu_count(), "threads": args.threads,
                     "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()]},
         "settings": {"chunks": args.chunks, "ctx": 512, "imatrix_chunks": args.imatrix_chunks,
-                     "bench": "llama-bench -p 512 -n 128 -r 1, flash attention on",
+                     "bench": f"llama-bench -p 512 -n 128 -r 1, flash attention on, best of {args.bench_tries} tries",
                      "ik_bench_args": args.ik_bench_args, "outside_type": OUTSIDE_TYPE},
         "ik": {"source": f"{sdist.requirement} sdist (sha256 {sdist.sha256[:12]}...), "
                          f"{sdist.vendor_dir.split('/', 1)[1]}, built by benchmarks/ik_build.py",

@@ -254,3 +254,14 @@ def test_summary_puts_s3d8_against_its_anchors() -> None:
     assert lines[2].startswith("- S3D8 + imatrix: KLD 0.4760 against IQ2_M's types (mainline) 0.4100")
     assert len(lines) == 4 and lines[3] == ""  # no ik IQ2_S in the rows: no cross-check line
     assert qa.summary_lines([r for r in rows if r["qtype"] != "s3d8"]) == []
+
+
+def test_bench_keeps_the_fastest_try() -> None:
+    nan = float("nan")
+    tries = [{"pp512": 600.0, "tg128": 1.0, "load1": 3.5, "quiet": False},
+             {"pp512": 650.0, "tg128": nan, "load1": 0.9, "quiet": True},
+             {"pp512": 120.0, "tg128": 95.0, "load1": 2.0, "quiet": True}]
+    assert qa.best_of(tries) == {"pp512": 650.0, "tg128": 95.0, "load1": 0.9, "quiet": 2}
+    assert math.isnan(qa.best_of([{"pp512": nan, "tg128": nan, "load1": 1.0}])["pp512"])
+    assert qa.wait_quiet(0.0) is False and qa.runnable_others() >= 0
+    assert qa.build_parser().parse_args([]).bench_tries == 3
