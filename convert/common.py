@@ -6,8 +6,9 @@ final types, sizes and producers - made before any weight is read: by upstream's
 existing GGUF; ``convert/mllama.py``'s vision file), which describe their tensors as :class:`TensorJob` s and get
 their types from ``tensor_types.choose_type``. :func:`write_plan` then
 
-1. streams the tensors one at a time (produce: load -> check finite -> encode; append), so memory stays at
-   about one tensor even for an 11B model;
+1. streams the tensors in file order (produce: load -> check finite -> encode; append); the C encodings
+   (``convert.encoders``) run on worker threads meanwhile, at most ``threads + 1`` tensors ahead of the one being
+   written, so memory stays at a few tensors even for an 11B model;
 2. writes into a temporary file next to the output and ``os.replace`` s it into place only after the
    last byte is written and synced. Any failure - a NaN weight, a codec error, Ctrl-C, SIGTERM - removes
    the temporary file, so a failed run leaves nothing behind and never clobbers an existing output; a
@@ -21,16 +22,18 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections import deque
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Final, Iterator, Protocol
 
 import numpy as np
 
 import gguf
 from gguf import GGMLQuantizationType as QT
 
+from .encoders import Pending, encoders_for
 from .errors import ConvertError
 from gguf_s3d8.fsio import atomic_path, write_error_reason
 from .tensor_types import (S3D8Options, TypeChoice, byte_shape, choose_type, encode, encoded_dtype,
@@ -58,6 +61,9 @@ class ConversionOptions:
     out_type: str = "f16"
     fallback_type: str = "q8_0"
     s3d8: S3D8Options = S3D8Options()
+    #: where the encoders run (``convert.encoders.BACKENDS``) and on how many threads (None: all cores)
+    backend: str = "auto"
+    threads: int | None = None
 
 
 class ModelSource(Protocol):
@@ -239,21 +245,32 @@ def make_plan(source: Any, options: ConversionOptions) -> OutputPlan:
     return own(options) if own is not None else plan_from_jobs(source, options)
 
 
+#: the types the C library encodes (convert.tensor_types.encode)
+_C_TYPES: Final = frozenset(t for t in (QT.Q8_0, QT.BF16, getattr(QT, "S3D8", None)) if t is not None)
+
+
+def _ready(enc: Any) -> bool:
+    return not isinstance(enc, Pending) or enc.done()
+
+
 def write_gguf(source: Any, outfile: Path, options: ConversionOptions, *,
                progress: bool = True, dry_run: bool = False,
                before_tensor: Callable[[int, PlannedTensor], None] | None = None) -> ConversionReport:
     """Convert ``source`` into ``outfile`` atomically; returns the report (see :func:`write_plan`)."""
     return write_plan(make_plan(source, options), outfile, progress=progress, dry_run=dry_run,
-                      before_tensor=before_tensor)
+                      before_tensor=before_tensor, backend=options.backend, threads=options.threads)
 
 
 def write_plan(plan: OutputPlan, outfile: Path, *, progress: bool = True, dry_run: bool = False,
-               before_tensor: Callable[[int, PlannedTensor], None] | None = None) -> ConversionReport:
+               before_tensor: Callable[[int, PlannedTensor], None] | None = None, backend: str = "auto",
+               threads: int | None = None) -> ConversionReport:
     """Write ``plan`` into ``outfile`` atomically; returns the report.
 
     ``dry_run``: report the plan (whose making validated the tokenizer and config) but read no weights and
     write nothing. ``before_tensor(i, tensor)`` is a hook called before tensor ``i`` is produced (tests use it
-    to inject a failure mid-way).
+    to inject a failure mid-way). ``backend``, ``threads``: where the encoders run (``convert.encoders``). The
+    tensors are produced (read, checked) one at a time in file order; their C encodings run on ``threads`` worker
+    threads meanwhile, at most ``threads + 1`` tensors ahead of the one being written.
     """
     writer = plan.writer
     report = ConversionReport(outfile=outfile, requested=plan.requested)
@@ -275,18 +292,30 @@ def write_plan(plan: OutputPlan, outfile: Path, *, progress: bool = True, dry_ru
                 writer.write_header_to_file(path=tmp)
                 writer.write_kv_data_to_file()
                 writer.write_ti_data_to_file()
-            bar = _progress(len(plan.tensors), progress)
-            for i, t in enumerate(plan.tensors):
-                if before_tensor is not None:
-                    before_tensor(i, t)
-                bar.set_postfix_str(t.name, refresh=False)
-                enc = t.produce()
-                if enc.nbytes != t.nbytes:
-                    raise RuntimeError(f"tensor {t.name}: encoder produced {enc.nbytes} bytes, planned {t.nbytes}")
-                with _writing(outfile, writer):
-                    writer.write_tensor_data(enc)
-                del enc
-                bar.update(1)
+            bar = progress_bar = _progress(len(plan.tensors), progress)
+            with encoders_for(backend, threads, needed=any(t.qtype in _C_TYPES for t in plan.tensors),
+                              notice=any(t.qtype.name == "S3D8" for t in plan.tensors)) as encoders:
+                queue: deque[tuple[PlannedTensor, Any]] = deque()
+
+                def write_head() -> None:
+                    t, enc = queue.popleft()
+                    if isinstance(enc, Pending):
+                        enc = enc.result()
+                    if enc.nbytes != t.nbytes:
+                        raise RuntimeError(f"tensor {t.name}: encoder produced {enc.nbytes} bytes, planned {t.nbytes}")
+                    with _writing(outfile, writer):
+                        writer.write_tensor_data(enc)
+                    progress_bar.update(1)
+
+                for i, t in enumerate(plan.tensors):
+                    if before_tensor is not None:
+                        before_tensor(i, t)
+                    bar.set_postfix_str(t.name, refresh=False)
+                    queue.append((t, t.produce()))
+                    while queue and (len(queue) > encoders.threads + 1 or _ready(queue[0][1])):
+                        write_head()
+                while queue:
+                    write_head()
             bar.close()
             bar = None
             assert writer.fout is not None

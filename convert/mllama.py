@@ -44,6 +44,7 @@ if __name__ == "__main__" and not __package__:
     raise SystemExit(_main())
 
 from .common import ConversionOptions, ConversionReport, write_gguf
+from .encoders import add_arguments as add_encoder_arguments
 from .errors import ConvertError
 from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8Options
 from .upstream_source import UpstreamSource
@@ -97,13 +98,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="type for matrices --type cannot hold (default: %(default)s)")
     p.add_argument("--centroid-rule", choices=("round", "trunc"), default=None)
     p.add_argument("--seed", type=int, default=0)
+    add_encoder_arguments(p)
     p.add_argument("--tokenizer-pre", default=None, help="llama.cpp pre-tokenizer name if it cannot be detected")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--debug", action="store_true")
     args = p.parse_args(argv)
     s3d8 = S3D8Options(centroid_rule=args.centroid_rule, seed=args.seed)
-    opts = ConversionOptions(out_type=args.out_type, fallback_type=args.fallback_type, s3d8=s3d8)
-    mopts = ConversionOptions(out_type=args.mmproj_type or args.out_type, fallback_type=args.fallback_type, s3d8=s3d8)
+    opts = ConversionOptions(out_type=args.out_type, fallback_type=args.fallback_type, s3d8=s3d8,
+                             backend=args.backend, threads=args.threads)
+    mopts = ConversionOptions(out_type=args.mmproj_type or args.out_type, fallback_type=args.fallback_type, s3d8=s3d8,
+                              backend=args.backend, threads=args.threads)
     try:
         for rep in convert(args.model, args.outfile, opts, mmproj=args.mmproj, mmproj_options=mopts,
                            tokenizer_pre=args.tokenizer_pre, progress=not args.no_progress):

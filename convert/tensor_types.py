@@ -12,8 +12,10 @@ conversion is byte-identical to upstream's):
   falls back to ``--fallback-type`` (Q8_0 by default); Q8_0 needs ``k % 32 == 0`` and falls back to F16
   (what upstream does on ``QuantError``).
 
-Encodings: F32/F16 are numpy casts, BF16 and Q8_0 go through ``gguf.quants.quantize`` (bit-exact with
-ggml's reference code), S3D8 through the project's codec ``gguf_s3d8`` (imported only when needed).
+Encodings: F32/F16 are numpy casts; S3D8 (the iw1 encoder), BF16 and Q8_0 run in C when the converter writes with
+the C library (``convert.encoders``: ggml's own quantisers, in parallel), else BF16 and Q8_0 go through
+``gguf.quants.quantize`` (bit-exact with ggml's reference code) and S3D8 through the project's numpy codec
+``gguf_s3d8`` (imported only when needed): the same bytes either way.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Final, Mapping, Sequence
+from typing import Any, Callable, Final, Mapping, Sequence
 
 import numpy as np
 
 import gguf
 from gguf import GGMLQuantizationType as QT
 
+from .encoders import active
 from .errors import ConvertError
 
 #: Output types a user can ask for with ``--type``.
@@ -162,10 +165,20 @@ class S3D8Options:
     precomputed: object | None = None  # gguf_s3d8.tensor_file.S3D8TensorFile
 
 
-def encode(data: np.ndarray, qtype: QT, *, name: str = "", s3d8: S3D8Options = S3D8Options()) -> np.ndarray:
-    """Encode a float32 tensor as ``qtype`` (the array handed to the GGUF writer)."""
+def encode(data: np.ndarray, qtype: QT, *, name: str = "", s3d8: S3D8Options = S3D8Options()) -> Any:
+    """Encode a float32 tensor as ``qtype`` (the array handed to the GGUF writer).
+
+    While a file is written with the C encoders (``convert.encoders.active()``), S3D8 (iw1), Q8_0 and BF16 are
+    queued on its worker threads and a ``convert.encoders.Pending`` is returned instead (the writer waits for it);
+    elsewhere, and for the other encodings, the numpy encoders run here."""
     if qtype == QT.F32:
         return np.ascontiguousarray(data, dtype=np.float32)
+    enc = active()
+    if enc is not None and enc.native is not None and qtype in (QT.BF16, QT.Q8_0):
+        w = np.ascontiguousarray(data, dtype=np.float32)
+        flat = w.reshape(-1, w.shape[-1])
+        return enc.submit([_native_job(enc.native, flat, qtype.name.lower(), name)],
+                          lambda parts: parts[0].reshape(*w.shape[:-1], parts[0].shape[-1]))
     if qtype in (QT.F16, QT.BF16, QT.Q8_0):
         return gguf.quants.quantize(np.ascontiguousarray(data, dtype=np.float32), qtype)
     if hasattr(QT, "S3D8") and qtype == QT.S3D8:
@@ -174,12 +187,52 @@ def encode(data: np.ndarray, qtype: QT, *, name: str = "", s3d8: S3D8Options = S
 
         w = np.ascontiguousarray(data, dtype=np.float32)
         try:
+            if enc is not None and enc.native is not None and _native_s3d8(name, s3d8):
+                return _submit_s3d8(enc, w, name, s3d8)
             return _encode_s3d8(w, name, s3d8, codec)
         except ImatrixError as e:
             raise ConvertError(str(e)) from e
         except codec.S3D8Error as e:
             raise ConvertError(f"tensor {name}: S3D8 encoding failed: {e}") from e
     raise ConvertError(f"tensor {name}: no encoder for ggml type {qtype.name}")
+
+
+def _native_s3d8(name: str, s3d8: S3D8Options) -> bool:
+    """Whether the C library encodes this S3D8 tensor: the iw1 encoder (llama-quantize's); frozen codebooks or scales,
+    finished containers and the reference encoder stay in numpy."""
+    pre = s3d8.precomputed
+    return (s3d8.encoder == "iw1" and not (pre is not None and name in pre.containers)  # type: ignore[attr-defined]
+            and not (s3d8.codebooks is not None and name in s3d8.codebooks))
+
+
+def _native_job(native: Any, w: np.ndarray, type_name: str, name: str, **kw: Any) -> Callable[[int], np.ndarray]:
+    """One C encoding (run on a worker thread), its errors as ConvertError naming the tensor."""
+    def job(threads: int) -> np.ndarray:
+        try:
+            return native.quantize(w, type_name, threads=threads, name=name, **kw)
+        except ValueError as e:  # S3D8InputError
+            raise ConvertError(f"tensor {name}: {type_name.upper()} encoding failed: {e}") from e
+    return job
+
+
+def _submit_s3d8(enc: Any, w: np.ndarray, name: str, s3d8: S3D8Options) -> Any:
+    """iw1 in C: one job per 2-D slice (expert), each with its own importance row, as llama-quantize."""
+    n_slices = w.shape[0] if w.ndim == 3 else 1
+    slices = list(w) if w.ndim == 3 else [w]
+    imp = _importance(w, name, s3d8, n_slices)
+    jobs = [_native_job(enc.native, a, "s3d8", f"{name}[{e}]" if w.ndim == 3 else name,
+                        importance=None if imp is None else imp[e], centroid_rule=s3d8.centroid_rule, seed=s3d8.seed)
+            for e, a in enumerate(slices)]
+    return enc.submit(jobs, (lambda parts: np.stack(parts)) if w.ndim == 3 else (lambda parts: parts[0]))
+
+
+def _importance(w: np.ndarray, name: str, s3d8: S3D8Options, n_slices: int) -> Any:
+    """The imatrix rows of ``name`` (one per slice), or None (no imatrix, or no entry: a warning, as llama-quantize)."""
+    imp = None if s3d8.imatrix is None else s3d8.imatrix.for_tensor(name, w.shape[-1], n_slices)  # type: ignore[attr-defined]
+    if s3d8.imatrix is not None and imp is None:
+        print(f"warning: the imatrix has no entry for {name}: S3D8 with the column-maximum weights (as llama-quantize)",
+              file=sys.stderr)
+    return imp
 
 
 def _encode_s3d8(w: np.ndarray, name: str, s3d8: S3D8Options, codec: ModuleType) -> np.ndarray:
@@ -205,10 +258,7 @@ def _encode_s3d8(w: np.ndarray, name: str, s3d8: S3D8Options, codec: ModuleType)
     elif s3d8.encoder == "iw1":
         from gguf_s3d8.importance import quantize_s3d8_importance
 
-        imp = None if s3d8.imatrix is None else s3d8.imatrix.for_tensor(name, w.shape[-1], n_slices)  # type: ignore[attr-defined]
-        if s3d8.imatrix is not None and imp is None:
-            print(f"warning: the imatrix has no entry for {name}: S3D8 with the column-maximum weights (as llama-quantize)",
-                  file=sys.stderr)
+        imp = _importance(w, name, s3d8, n_slices)
         out = [quantize_s3d8_importance(a, None if imp is None else imp[e], name=label(e), seed=s3d8.seed, **rule)
                for e, a in enumerate(slices)]
     else:

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 from gguf_s3d8.fsio import atomic_write
 
 from .common import ConversionOptions, ConversionReport, write_gguf
+from .encoders import add_arguments as add_encoder_arguments
 from .errors import ConvertError
 from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8_ENCODERS, S3D8Options
 
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="S3D8 encoder: iw1 = importance-aware search (with or without --imatrix; what "
                         "llama-quantize runs), reference = the format's reference encoder (absmax scales, plain "
                         "MSE codebook; what QAT's fake quantiser computes) (default: %(default)s)")
+    add_encoder_arguments(p)
     p.add_argument("--mmproj", type=Path, metavar="PATH", default=None,
                    help="Llama 3.2 Vision (mllama) only: also write the vision encoder + projector GGUF for mtmd")
     p.add_argument("--mmproj-type", choices=OUT_TYPES, default=None,
@@ -189,13 +191,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     outfile: Path = args.outfile if args.outfile is not None else default_outfile(args.model, args.out_type)
     old = signal.signal(signal.SIGTERM, _on_sigterm) if _in_main_thread() else None
     try:
+        if args.threads is not None and args.threads < 1:
+            raise ConvertError(f"--threads {args.threads}: give at least 1")
         options = ConversionOptions(out_type=args.out_type, fallback_type=args.fallback_type,
                                     s3d8=S3D8Options(centroid_rule=args.centroid_rule, seed=args.seed,
-                                                     encoder=args.encoder, imatrix=_load_imatrix(args)))
+                                                     encoder=args.encoder, imatrix=_load_imatrix(args)),
+                                    backend=args.backend, threads=args.threads)
         if args.mmproj is not None:
             _check_mmproj_args(args)
         mopts = ConversionOptions(out_type=args.mmproj_type or args.out_type, fallback_type=args.fallback_type,
-                                  s3d8=options.s3d8)
+                                  s3d8=options.s3d8, backend=args.backend, threads=args.threads)
         if args.calibration is not None:
             raise ConvertError("the converter no longer runs GPTQ: run `python -m qat.gptq_s3d8 --model MODEL "
                                "--calibration FILE -o gptq.safetensors` first, then convert with --gptq-checkpoint "
