@@ -93,6 +93,10 @@ class Encoders:
             with self._lock:
                 self._running -= 1
 
+    def running(self) -> int:
+        with self._lock:
+            return self._running
+
     def close(self) -> None:
         """Wait for the running jobs, drop the queued ones."""
         if self._pool is not None:
@@ -142,6 +146,11 @@ def encoders_for(backend: str, threads: int | None, *, needed: bool = True, noti
     token = _active.set(enc)
     try:
         yield enc
+    except BaseException:
+        if enc.running():
+            # a C call cannot be stopped: say why an interrupted conversion takes a moment to end
+            print(f"stopping: waiting for {enc.running()} running C encoding(s) to finish", file=sys.stderr, flush=True)
+        raise
     finally:
         _active.reset(token)
         enc.close()
