@@ -8,7 +8,7 @@ sides; the checkpoint is float32, so the f32 mmproj holds exactly the weights th
 tensor and every other tensor is byte-identical, except the one difference of the type rules, explained:
 ``v.patch_embd.weight`` (a 7x7 convolution kernel, 4-D) is F16 in the converter's S3D8 file (upstream's mmproj class
 forces conv kernels to F16 whenever the file type is not F32, and S3D8 plans at F16) and stays as it is (F32) in
-llama-quantize, which quantises only 2-D and 3-D tensors.
+llama-quantize, whose upstream rules never quantise a multimodal ``.patch_embd`` (``tensor_allows_quantization``).
 """
 
 from __future__ import annotations
