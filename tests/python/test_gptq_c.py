@@ -72,13 +72,15 @@ def tools() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def smollm2(tools: dict[str, str], smollm2_f16_and_text: tuple[Path, Path],
             tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """SmolLM2 f16, an imatrix and the X^T X file of layers 0 and 11 from one llama-imatrix run on training text."""
+    """SmolLM2 f16, an imatrix and the X^T X file of layers 0 and 11 (``--xtx-include``) and of the last layer, 29
+    (``--xtx-last-layer``), from one llama-imatrix run on training text."""
     d = tmp_path_factory.mktemp("gptq_c")
     f16, text = smollm2_f16_and_text
     im, xtx = d / "imatrix.gguf", d / "xtx.gguf"
     r = run([tools["llama-imatrix"], "-m", str(f16), "-f", str(text), "-c", "256", "--chunks", "8", "-t", "2",
-             "-o", str(im), "--save-xtx", str(xtx), "--xtx-include", r"^blk\.(0|11)\."])
-    assert "X^T X matrices" in r.stdout + r.stderr
+             "-o", str(im), "--save-xtx", str(xtx), "--xtx-include", r"^blk\.(0|11)\.",
+             "--xtx-last-layer"])
+    assert "X^T X matrices" in r.stdout + r.stderr and "--xtx-last-layer" in r.stdout + r.stderr
     return {"dir": d, "f16": f16, "imatrix": im, "xtx": xtx}
 
 
@@ -125,14 +127,14 @@ def fnv_fingerprint(raw: np.ndarray, type_name: str, ne: list[int]) -> str:
 def test_xtx_file_one_matrix_per_input(smollm2: dict[str, Path]) -> None:
     xtx = read_xtx(smollm2["xtx"])
     w = xtx["weights"]
-    for layer in (0, 11):
+    for layer in (0, 11, 29):  # --xtx-include's and --xtx-last-layer's (the union)
         b = f"blk.{layer}."
         # q, k and v share the attention input, gate and up the FFN input; attn_output and ffn_down have their own
         assert w[b + "attn_q.weight"][0] == w[b + "attn_k.weight"][0] == w[b + "attn_v.weight"][0]
         assert w[b + "ffn_gate.weight"][0] == w[b + "ffn_up.weight"][0]
         mats = {w[b + n + ".weight"][0] for n in ("attn_q", "ffn_gate", "attn_output", "ffn_down")}
         assert len(mats) == 4
-    assert len(xtx["matrices"]) == 8 and len(w) == 14
+    assert len(xtx["matrices"]) == 12 and len(w) == 21
     assert set(xtx["tokens"].values()) == {TOKENS}
     for m in xtx["matrices"].values():
         assert np.array_equal(m, m.T) and (np.diagonal(m) >= 0).all()
@@ -314,6 +316,16 @@ def test_bad_hessian_is_a_clear_error(tools: dict[str, str], smollm2: dict[str, 
     if case != "other-names":
         assert NAME in log, log[-2000:]
     assert not out.exists()
+
+
+def test_xtx_options_need_save_xtx(tools: dict[str, str], smollm2: dict[str, Path], tmp_path: Path) -> None:
+    """--xtx-last-layer / --xtx-include without --save-xtx would collect nothing: refused before the model loads."""
+    (tmp_path / "t.txt").write_text("some calibration text " * 64)
+    for opt in (["--xtx-last-layer"], ["--xtx-include", "ffn_down"]):
+        r = run([tools["llama-imatrix"], "-m", str(smollm2["f16"]), "-f", str(tmp_path / "t.txt"),
+                 "-o", str(tmp_path / "im.gguf"), *opt], ok=False)
+        assert r.returncode != 0 and "which is not given" in r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
+        assert not (tmp_path / "im.gguf").exists()
 
 
 def test_not_an_xtx_file(tools: dict[str, str], smollm2: dict[str, Path], tmp_path: Path) -> None:
