@@ -73,14 +73,17 @@ class Dump:
     tokens: list[int]
     cross: list[np.ndarray]
     log: str  # stderr of the run (llama.cpp's log)
+    cross_valid: list[int]  # rows of each image's states that are not padding (its own tiles)
 
 
 def run_dump(text: Path, tokens: Sequence[int], out_dir: Path, *, mmproj: Path | None = None,
              images: Sequence[Path] = (), cross: Sequence[tuple[Path, int]] = (), n_steps: int = 0,
              cache_type: str = "f32", cross_type: str | None = None, flash_attn: str = "off",
-             extra: Sequence[str] = (), env: dict[str, str] | None = None, timeout: float = 120) -> Dump:
+             extra: Sequence[str] = (), env: dict[str, str] | None = None, timeout: float = 120,
+             image_max_tiles: int | None = None) -> Dump:
     """Run llama-mllama-dump; cache_type is the self-attention K/V type, cross_type the cross-attention store's
-    (default: the same), env adds environment variables (e.g. LLAMA_ATTN_ROT_DISABLE)."""
+    (default: the same), env adds environment variables (e.g. LLAMA_ATTN_ROT_DISABLE), image_max_tiles caps the
+    tiles of an image (--image-max-tiles; default: the projector's)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = [str(binary("llama-mllama-dump")), "-m", str(text), "--tokens", ",".join(str(t) for t in tokens),
            "--n-steps", str(n_steps), "-ctk", cache_type, "-ctv", cache_type, "-fa", flash_attn, "-t", "2",
@@ -93,6 +96,8 @@ def run_dump(text: Path, tokens: Sequence[int], out_dir: Path, *, mmproj: Path |
         cmd += ["--cross", str(path), "--n-valid", str(n_valid)]
     if cross_type is not None:
         cmd += ["-ctkx", cross_type, "-ctvx", cross_type]
+    if image_max_tiles is not None:
+        cmd += ["--image-max-tiles", str(image_max_tiles)]
     cmd += list(extra)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     if p.returncode != 0:
@@ -100,4 +105,5 @@ def run_dump(text: Path, tokens: Sequence[int], out_dir: Path, *, mmproj: Path |
     n_cross = len(images) + len(cross)
     return Dump(np.load(out_dir / "prompt_logits.npy"), np.load(out_dir / "step_logits.npy"),
                 [int(t) for t in np.load(out_dir / "tokens.npy")],
-                [np.load(out_dir / f"cross_{i}.npy") for i in range(n_cross)], p.stderr)
+                [np.load(out_dir / f"cross_{i}.npy") for i in range(n_cross)], p.stderr,
+                [int(v) for v in np.load(out_dir / "cross_valid.npy")])

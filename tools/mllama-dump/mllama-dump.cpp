@@ -5,6 +5,9 @@
 //   step_logits.npy    f32 [n_steps,  n_vocab]  logits of the greedy decode steps after the prompt
 //   tokens.npy         i32 [n_steps + 1]        greedy tokens (first = argmax of the last prompt position)
 //   cross_<i>.npy      f32 [n_rows, n_embd]     cross-attention states of image i (vision encoder + projector)
+//   cross_valid.npy    i32 [n_images]           rows of those states that are not padding (the image's own tiles)
+//
+// --image-max-tiles N caps the tiles of an image (mtmd_context_params.image_max_tiles, default: the projector's).
 //
 // With --state-roundtrip, the sequence state (KV cache and cross-attention states) is saved after the prompt,
 // the memory is cleared and the state restored before the decode steps.
@@ -165,7 +168,7 @@ static void usage(const char * argv0) {
         "usage: %s -m TEXT.gguf [--mmproj MMPROJ.gguf --image IMG ...] [--cross STATES.npy --n-valid N ...]\n"
         "          --tokens ID,ID,... [--n-steps N] [-ctk TYPE] [-ctv TYPE] [-ctkx TYPE] [-ctvx TYPE] [-fa on|off|auto]\n"
         "          [-t N] -o OUTDIR\n"
-        "          [--dump-tensors DIR [--dump-name NAME ...]] [--state-roundtrip]\n",
+        "          [--dump-tensors DIR [--dump-name NAME ...]] [--state-roundtrip] [--image-max-tiles N]\n",
         argv0);
 }
 
@@ -196,6 +199,7 @@ int main(int argc, char ** argv) {
     std::vector<llama_token> tokens;
     int n_steps   = 0;
     int n_threads = 2;
+    int image_max_tiles = -1;
     ggml_type type_k = GGML_TYPE_F16;
     ggml_type type_v = GGML_TYPE_F16;
     ggml_type type_k_cross = GGML_TYPE_COUNT; // = type_k
@@ -254,6 +258,8 @@ int main(int argc, char ** argv) {
                 dump_names.push_back(next());
             } else if (a == "--state-roundtrip") {
                 state_roundtrip = true;
+            } else if (a == "--image-max-tiles") {
+                image_max_tiles = std::stoi(next());
             } else {
                 usage(argv[0]);
                 return 2;
@@ -338,6 +344,7 @@ int main(int argc, char ** argv) {
             mp.print_timings = false;
             mp.warmup        = false;
             mp.flash_attn_type = fa;
+            mp.image_max_tiles = image_max_tiles;
             if (!dump_dir.empty()) {
                 mp.cb_eval           = tensor_dumper::cb;
                 mp.cb_eval_user_data = &dumper;
@@ -420,6 +427,13 @@ int main(int argc, char ** argv) {
             if (llama_cross_attn_add(ctx, 0, media_pos[i], e, cross[i].n_valid) != 0) {
                 throw std::runtime_error("llama_cross_attn_add failed");
             }
+        }
+        {
+            std::vector<int32_t> valid;
+            for (const auto & c : cross) {
+                valid.push_back(c.n_valid);
+            }
+            write_npy(out_dir + "/cross_valid.npy", "<i4", valid.data(), sizeof(int32_t), { valid.size() });
         }
 
         // prompt, logits for every position
