@@ -81,10 +81,10 @@ def config_hash(cfg: dict[str, Any], seed: int) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def image_processor(image_size: int = IMAGE_SIZE):
+def image_processor(image_size: int = IMAGE_SIZE, max_image_tiles: int = 4):
     from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil
 
-    return MllamaImageProcessorPil(size={"height": image_size, "width": image_size}, max_image_tiles=4,
+    return MllamaImageProcessorPil(size={"height": image_size, "width": image_size}, max_image_tiles=max_image_tiles,
                                    image_mean=IMAGE_MEAN, image_std=IMAGE_STD)
 
 

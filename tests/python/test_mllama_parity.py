@@ -11,6 +11,9 @@ bound 2e-4), so the comparison cannot hinge on a CPU's rounding.
 
 from __future__ import annotations
 
+import os
+import subprocess
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -249,8 +252,6 @@ def test_cross_store_bounds_discriminate(gguf_f32, cross_store_ref, tmp_path):
 def test_mtmd_cli_answers_like_transformers(hf_model, model_dir, gguf_f32, tmp_path):
     """llama-mtmd-cli end to end (chat template, tokenizer, image marker): its greedy answer about an image is the
     one transformers generates for the same chat."""
-    import subprocess
-
     from transformers import AutoTokenizer
 
     text, mmproj = gguf_f32
@@ -289,3 +290,208 @@ def test_state_roundtrip(gguf_f32, tmp_path):
                          extra=["--state-roundtrip"])
     assert np.array_equal(a.step_logits, b.step_logits)
     assert a.tokens == b.tokens
+
+
+# --- the tile cap (--image-max-tiles, mtmd_context_params.image_max_tiles) ------------------------------------------
+#
+# At each cap N the preprocessing must be transformers' MllamaImageProcessor(max_image_tiles=N) (canvas, resize, pad,
+# tile split, aspect-ratio mask), the aspect-ratio id the tables' id of the same grid, and the encoder must work on N
+# tile slots (reference.py's docstring): on scikit-image's photos, whose canvases at the tiny model's 28-pixel tiles
+# are 2x2 (cap 4) down to 1x1 for the astronaut and the cat, and 4x1, 3x1, 2x1, 1x1 for a tall strip of the
+# astronaut (the grids whose ids differ between the processor's numbering and the tables').
+
+CAPS = [1, 2, 3, 4]
+N_POS = (T.IMAGE_SIZE // T.PATCH_SIZE) ** 2 + 1  # positions of a tile, [CLS] included
+# photo -> (tiles high, tiles wide) at caps 1, 2, 3, 4 (MllamaImageProcessor's canvases, asserted below)
+PHOTO_GRIDS = {"astronaut": [(1, 1), (1, 1), (1, 1), (2, 2)],
+               "chelsea": [(1, 1), (1, 2), (1, 2), (2, 2)],
+               "astronaut-strip": [(1, 1), (2, 1), (3, 1), (4, 1)]}
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> dict[str, tuple[Path, object]]:
+    """scikit-image's astronaut (512 x 512) and cat (chelsea, 451 x 300), and a 170 x 512 strip of the astronaut."""
+    import skimage.data
+    from PIL import Image
+
+    d = tmp_path_factory.mktemp("photos")
+    arrays = {"astronaut": skimage.data.astronaut(), "chelsea": skimage.data.chelsea()}
+    arrays["astronaut-strip"] = np.ascontiguousarray(arrays["astronaut"][:, 170:340])
+    out: dict[str, tuple[Path, object]] = {}
+    for name, a in arrays.items():
+        img = Image.fromarray(a)
+        img.save(d / f"{name}.png")
+        out[name] = (d / f"{name}.png", img)
+    return out
+
+
+def patch_embeddings(model, inp: R.ImageInputs) -> np.ndarray:
+    """transformers' patch embedding (the 14x14 convolution of the tiny model's 7x7 patches) of the image's own tiles:
+    [n_tiles, n_patches, n_embd], as llama.cpp's patch_embd tensor; a function of the preprocessed pixels alone."""
+    import torch
+
+    px = torch.from_numpy(inp.pixel_values[0, 0, : inp.num_tiles[0]])
+    with torch.no_grad():
+        e = model.model.vision_model.patch_embedding(px)
+    return e.flatten(2).transpose(1, 2).numpy()
+
+
+@pytest.mark.parametrize("cap", CAPS)
+@pytest.mark.parametrize("photo", list(PHOTO_GRIDS))
+def test_image_max_tiles_preprocessing(hf_model, gguf_f32, photos, tmp_path, photo, cap):
+    """At each cap: the canvas, the pixels of every tile (resize, pad, split, normalisation: the patch embeddings),
+    the valid tiles (the aspect-ratio mask), and the encoder output on cap tile slots (the aspect-ratio id: the
+    tile embeddings) are transformers'."""
+    import torch
+
+    text, mmproj = gguf_f32
+    path, img = photos[photo]
+    inp = R.preprocess([img], cap)
+    th, tw = PHOTO_GRIDS[photo][cap - 1]
+    assert inp.num_tiles == [th * tw] and inp.pixel_values.shape[2] == cap
+    assert inp.aspect_ratio_mask[0, 0].tolist() == [1] * (th * tw) + [0] * (cap - th * tw)
+    with torch.no_grad(), R.patch_meta_taps(), (R.tile_slots() if cap < R.TABLE_TILES else nullcontext()):
+        vis = hf_model.model.vision_model(pixel_values=torch.from_numpy(inp.pixel_values),
+                                          aspect_ratio_ids=torch.from_numpy(inp.aspect_ratio_ids),
+                                          aspect_ratio_mask=torch.from_numpy(inp.aspect_ratio_mask))
+        ref = hf_model.model.multi_modal_projector(vis.last_hidden_state)
+    ref = ref.reshape(-1, ref.shape[-1]).numpy()
+
+    dump = tmp_path / "tensors"
+    dump.mkdir()
+    out = harness.run_dump(text, [T.BOS_ID, T.IMAGE_TOKEN_ID, 40], tmp_path, mmproj=mmproj, images=[path],
+                           image_max_tiles=cap, extra=["--dump-tensors", str(dump), "--dump-name", "patch_embd"])
+    assert out.cross[0].shape[0] == cap * N_POS, "the cross-attention states are not cap tiles"
+    assert out.cross_valid == [th * tw * N_POS]
+    ref_px = patch_embeddings(hf_model, inp)
+    px = np.load(dump / "patch_embd.npy").reshape(-1, *ref_px.shape[1:])  # (the dump drops leading 1-sized axes)
+    e_px = R.rel_err(px[: th * tw], ref_px)
+    assert e_px <= TOL, f"{photo}, cap {cap}: patch embeddings rel err {e_px:.3g}"
+    e_cross = R.rel_err(out.cross[0], ref)
+    assert e_cross <= TOL, f"{photo}, cap {cap}: cross-attention states rel err {e_cross:.3g}"
+
+
+def test_image_max_tiles_aspect_ratio_ids(hf_model, photos):
+    """Negative control of the id conversion: transformers' processor numbers the grids of at most cap tiles, and its
+    own id (2x1 at cap 2 is its 3, the tables' 5: the 1x3 row) gives other states, far outside TOL; transformers'
+    own embedding modules cannot run 2 tile slots at all with 4-tile tables."""
+    import torch
+
+    _, img = photos["astronaut-strip"]
+    inp = R.preprocess([img], 2)
+    assert int(inp.processor_ids[0, 0]) == 3 and int(inp.aspect_ratio_ids[0, 0]) == 5
+    kw = dict(pixel_values=torch.from_numpy(inp.pixel_values), aspect_ratio_mask=torch.from_numpy(inp.aspect_ratio_mask))
+    vm = hf_model.model.vision_model
+    with torch.no_grad(), R.patch_meta_taps():
+        with pytest.raises(RuntimeError):
+            vm(aspect_ratio_ids=torch.from_numpy(inp.aspect_ratio_ids), **kw)
+        with R.tile_slots():
+            ours = vm(aspect_ratio_ids=torch.from_numpy(inp.aspect_ratio_ids), **kw).last_hidden_state.numpy()
+            theirs = vm(aspect_ratio_ids=torch.from_numpy(inp.processor_ids), **kw).last_hidden_state.numpy()
+    assert R.rel_err(theirs, ours) > 100 * TOL  # measured 1.3
+
+
+@pytest.mark.parametrize("cap", [1, 2, 3])
+def test_image_max_tiles_answers(hf_model, gguf_f32, photos, tmp_path, cap):
+    """The text model with the fewer cross-attention states of a cap: logits and greedy tokens as transformers'."""
+    text, mmproj = gguf_f32
+    path, img = photos["astronaut-strip"]
+    ref = R.run(hf_model, PROMPT_IMAGE, [img], n_steps=N_STEPS, max_tiles=cap)
+    out = harness.run_dump(text, PROMPT_IMAGE, tmp_path, mmproj=mmproj, images=[path], n_steps=N_STEPS,
+                           image_max_tiles=cap)
+    assert R.rel_err(out.cross[0], ref.cross_states) <= TOL
+    check(ref, out, f"astronaut strip, cap {cap}")
+
+
+def cli_answer(text: Path, mmproj: Path, image: Path, question: str, *extra: str,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    cmd = [str(harness.binary("llama-mtmd-cli")), "-m", str(text), "--mmproj", str(mmproj), "--image", str(image),
+           "-p", question, "-n", "8", "--temp", "0", "-t", "2", "-ctk", "f32", "-ctv", "f32", "-fa", "off", *extra]
+    return subprocess.run(cmd, capture_output=True, timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_mtmd_cli_image_max_tiles(hf_model, model_dir, gguf_f32, photos):
+    """llama-mtmd-cli --image-max-tiles 2 (and LLAMA_ARG_IMAGE_MAX_TILES=2) answers like transformers at that cap,
+    not like the uncapped model; caps outside 1..4 are clear errors."""
+    from transformers import AutoTokenizer
+
+    text, mmproj = gguf_f32
+    path, img = photos["astronaut-strip"]
+    question = "What does the image show?"
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    ids = list(enc["input_ids"]) if hasattr(enc, "keys") else list(enc)
+    expected = {}
+    for cap in (2, 4):
+        ref = R.run(hf_model, ids, [img], n_steps=7, max_tiles=cap)
+        answer = []
+        for t in ref.tokens:
+            if t in (T.EOT_ID, T.EOS_ID):
+                break
+            answer.append(t)
+        assert_decisive_chain(reference_decisions(ref)[: len(answer) + 1], TOL, what=f"mtmd-cli answer, cap {cap}")
+        expected[cap] = T.token_bytes(tok, answer).strip(b"\n")
+    assert expected[2] != expected[4], "the cap does not change transformers' answer: choose another image"
+
+    for extra, env in (((  "--image-max-tiles", "2"), None), ((), {"LLAMA_ARG_IMAGE_MAX_TILES": "2"})):
+        p = cli_answer(text, mmproj, path, question, *extra, env=env)
+        assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
+        assert p.stdout.strip(b"\n") == expected[2]
+
+    p = cli_answer(text, mmproj, path, question, "--image-max-tiles", "5")
+    assert p.returncode != 0
+    assert "image_max_tiles 5 is out of range: this model takes 1 to 4 tiles per image" in p.stderr.decode(errors="replace")
+    p = cli_answer(text, mmproj, path, question, "--image-max-tiles", "0")
+    assert p.returncode != 0
+    assert "--image-max-tiles must be at least 1" in p.stderr.decode(errors="replace")
+
+
+def test_image_max_tiles_gguf_default(model_dir, gguf_f32, photos, tmp_path):
+    """The converter writes the preprocessor's max_image_tiles as clip.vision.image_max_tiles (4 for the tiny model,
+    as for Llama 3.2 Vision; 2 from a preprocessor_config.json that says 2), the encoder takes it as the default cap
+    (--image-max-tiles may still raise it to the 4 tiles of the tables), and a file without the key (older
+    conversions) uses all the tiles of the tables."""
+    import json
+    import shutil
+    import sys
+
+    from gguf_s3d8 import gguf_py
+
+    gguf = gguf_py.series_gguf()
+
+    def image_max_tiles(mmproj: Path) -> int | None:
+        field = gguf.GGUFReader(str(mmproj)).get_field("clip.vision.image_max_tiles")
+        return None if field is None else int(field.contents())
+
+    def rows(mmproj: Path, out: Path, *cap: int) -> int:
+        path, _ = photos["chelsea"]
+        d = harness.run_dump(gguf_f32[0], [T.BOS_ID, T.IMAGE_TOKEN_ID, 40], out, mmproj=mmproj, images=[path],
+                             image_max_tiles=cap[0] if cap else None)
+        return d.cross[0].shape[0] // N_POS
+
+    assert image_max_tiles(gguf_f32[1]) == 4
+    assert rows(gguf_f32[1], tmp_path / "default") == 4
+
+    ckpt = tmp_path / "ckpt-2-tiles"
+    ckpt.mkdir()
+    for f in model_dir.iterdir():  # the weights are linked, the small files copied
+        if f.suffix == ".safetensors":
+            (ckpt / f.name).symlink_to(f)
+        else:
+            shutil.copy(f, ckpt / f.name)
+    cfg = json.loads((ckpt / "preprocessor_config.json").read_text())
+    cfg["max_image_tiles"] = 2
+    (ckpt / "preprocessor_config.json").write_text(json.dumps(cfg))
+    (tmp_path / "gguf-2-tiles").mkdir()
+    _, mmproj2 = harness.convert(ckpt, tmp_path / "gguf-2-tiles", "f32")
+    assert image_max_tiles(mmproj2) == 2
+    assert rows(mmproj2, tmp_path / "two") == 2
+    assert rows(mmproj2, tmp_path / "raised", 4) == 4
+
+    no_key = tmp_path / "mmproj-no-key.gguf"
+    script = gguf_py.gguf_py_dir() / "gguf" / "scripts" / "gguf_new_metadata.py"  # imports the tree's gguf-py
+    subprocess.run([sys.executable, str(script), "--force", "--remove-metadata", "clip.vision.image_max_tiles",
+                    str(mmproj2), str(no_key)], check=True, capture_output=True, timeout=120)
+    assert image_max_tiles(no_key) is None
+    assert rows(no_key, tmp_path / "no-key") == 4

@@ -189,3 +189,52 @@ def test_text_only_request(server):
             "temperature": 0.0}
     res = answer(server, body)
     assert res["usage"]["completion_tokens"] >= 1
+
+
+# transformers against the server on f32 files with an f32 cache and without flash attention: only rounding differs
+# (the parity tests bound the logits' relative error by 1e-4); at the cap the image still moves them by far more
+CAP_LOGPROB_TOL = 1e-3
+
+
+def test_image_max_tiles(tmp_path):
+    """llama-server --image-max-tiles 1: the log-probabilities of the answer's first token are transformers' with
+    max_image_tiles=1 (tests/mllama/reference.py), and not those of the uncapped model (4 tiles)."""
+    import numpy as np
+    import skimage.data
+    import torch
+    from PIL import Image
+    from transformers import AutoTokenizer
+
+    from tests.mllama import reference as R
+    from tests.mllama.llama_server import data_url
+
+    model_dir = T.get()
+    (tmp_path / "gguf").mkdir()
+    text, mmproj = harness.convert(model_dir, tmp_path / "gguf", "f32")
+    img = Image.fromarray(skimage.data.astronaut())
+    png = tmp_path / "astronaut.png"
+    img.save(png)
+    question = "What does the image show?"
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    ids = list(enc["input_ids"]) if hasattr(enc, "keys") else list(enc)
+    hf = R.load_model(model_dir)
+    ref = {cap: torch.log_softmax(torch.from_numpy(R.run(hf, ids, [img], max_tiles=cap).prompt_logits[-1]), 0).numpy()
+           for cap in (1, 4)}
+
+    srv = llama_server.start(harness.binary("llama-server"), text, mmproj, tmp_path / "server.log", n_parallel=1,
+                             n_ctx=1024, extra=["--image-max-tiles", "1", "-ctk", "f32", "-ctv", "f32", "-fa", "off"])
+    try:
+        body = chat_body(data_url(png.read_bytes()), question)
+        body.update(logprobs=True, top_logprobs=TOP_LOGPROBS, max_tokens=1)
+        choice = answer(srv.url, body)["choices"][0]
+    finally:
+        srv.stop()
+    assert "logprobs" in choice, f"no logprobs in the answer {choice['message']['content']!r}: choose another image"
+    first = {t["id"]: t["logprob"] for t in choice["logprobs"]["content"][0]["top_logprobs"]}
+    dev = {cap: max(abs(lp - float(ref[cap][t])) for t, lp in first.items()) for cap in ref}
+    assert dev[1] <= CAP_LOGPROB_TOL, dev
+    assert dev[4] > 10 * CAP_LOGPROB_TOL, dev
+    assert int(np.argmax(ref[1])) == choice["logprobs"]["content"][0]["id"]
