@@ -391,7 +391,7 @@ def test_image_max_tiles_aspect_ratio_ids(hf_model, photos):
     assert R.rel_err(theirs, ours) > 100 * TOL  # measured 1.3
 
 
-@pytest.mark.parametrize("cap", [1, 2, 3])
+@pytest.mark.parametrize("cap", [1, 3])  # (cap 2: its states in test_image_max_tiles_preprocessing)
 def test_image_max_tiles_answers(hf_model, gguf_f32, photos, tmp_path, cap):
     """The text model with the fewer cross-attention states of a cap: logits and greedy tokens as transformers'."""
     text, mmproj = gguf_f32
