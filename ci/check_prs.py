@@ -44,7 +44,7 @@ PRS = (
     PR("fixes", "llama-quantize : list the fallbacks with their reasons and the weights per type at the end of a run"),
     PR("s3d8", "tests : S3D8 in test-backend-ops and test-quantize-fns",
        (("./test-backend-ops", "test", "-b", "CPU", "-p", "s3d8"),)),
-    PR("mllama", "server : mllama image inputs"),
+    PR("mllama", "common : --image-max-tiles for llama-mtmd-cli and llama-server"),
     PR("kv-types", "llama : Hadamard-rotate a quantized mllama cross-attention store"),
     # GPTQ for S3D8 in C (issue 34): a follow-up of the s3d8 PR, last until it is folded there. The last PR's prefix is
     # the whole series: its own tests (tests/python/test_gptq_c.py, the KV tests) are ci/test.sh's
