@@ -9,7 +9,9 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA = ROOT / "work" / "llama.cpp"
@@ -59,3 +61,36 @@ def keep_raw_results(raw: Path, kept: Path, report_only: bool) -> Path:
             sys.exit(f"no raw results in {shown(raw)} or {shown(kept)}: run without --report-only first")
         shutil.copyfile(raw, kept)
     return kept
+
+
+def write_llama_layer(path: Path, n_embd: int, n_ff: int, matrix: Callable[[str, tuple[int, int]], Any]) -> None:
+    """A one-layer Llama GGUF (f16 matrices, 32 heads, 8 KV heads, a 256-token vocabulary too small for S3D8) whose
+    seven layer matrices are ``matrix(name, (rows, cols))`` (``attn_q`` .. ``ffn_down``); embeddings zero."""
+    import gguf_s3d8  # noqa: F401  (the series' gguf-py, which knows S3D8)
+    import gguf
+    import numpy as np
+
+    kv = n_embd // 4
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_context_length(4096)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(32)
+    w.add_head_count_kv(8)
+    w.add_rope_dimension_count(n_embd // 32)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(256)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_tensor("token_embd.weight", np.zeros((256, n_embd), np.float16))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(n_embd, np.float32))
+    w.add_tensor("blk.0.ffn_norm.weight", np.ones(n_embd, np.float32))
+    for name, shape in (("attn_q", (n_embd, n_embd)), ("attn_k", (kv, n_embd)), ("attn_v", (kv, n_embd)),
+                        ("attn_output", (n_embd, n_embd)), ("ffn_gate", (n_ff, n_embd)), ("ffn_up", (n_ff, n_embd)),
+                        ("ffn_down", (n_embd, n_ff))):
+        w.add_tensor(f"blk.0.{name}.weight", np.asarray(matrix(name, shape)).astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -44,7 +44,14 @@ from typing import Any
 
 import numpy as np
 
-from bench_common import ROOT, cpu_name, keep_raw_results, shown, tool  # type: ignore[import-not-found]
+from bench_common import (  # type: ignore[import-not-found]
+    ROOT,
+    cpu_name,
+    keep_raw_results,
+    shown,
+    tool,
+    write_llama_layer,
+)
 from report_sections import write_section  # type: ignore[import-not-found]
 
 PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
@@ -135,33 +142,8 @@ def bench_smollm2(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def write_layer(path: Path, seed: int = 0) -> int:
     """A one-layer Llama GGUF (f16), every matrix random (t-distributed); returns its S3D8 weights."""
-    import gguf_s3d8  # noqa: F401
-    import gguf
-
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(1)
-    w.add_context_length(4096)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(32)
-    w.add_head_count_kv(8)
-    w.add_rope_dimension_count(HIDDEN // 32)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(256)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_tensor("token_embd.weight", np.zeros((256, HIDDEN), np.float16))   # too few rows for S3D8: Q8_0 in both
-    w.add_tensor("output_norm.weight", np.ones(HIDDEN, np.float32))
-    w.add_tensor("blk.0.attn_norm.weight", np.ones(HIDDEN, np.float32))
-    w.add_tensor("blk.0.ffn_norm.weight", np.ones(HIDDEN, np.float32))
-    for name, shape in (("attn_q", (HIDDEN, HIDDEN)), ("attn_k", (KV, HIDDEN)), ("attn_v", (KV, HIDDEN)),
-                        ("attn_output", (HIDDEN, HIDDEN)), ("ffn_gate", (FFN, HIDDEN)), ("ffn_up", (FFN, HIDDEN)),
-                        ("ffn_down", (HIDDEN, FFN))):
-        w.add_tensor(f"blk.0.{name}.weight", (rng.standard_t(5, size=shape) * 0.015).astype(np.float16))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_llama_layer(path, HIDDEN, FFN, lambda _name, shape: rng.standard_t(5, size=shape) * 0.015)
     return layer_weights(HIDDEN, FFN, KV)
 
 

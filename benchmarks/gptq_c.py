@@ -38,6 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
+# benchmarks/ is a folder of scripts, not a package: the script's own folder is sys.path[0] when it runs
+from bench_common import write_llama_layer  # type: ignore[import-not-found]
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -79,34 +82,7 @@ def quantize(bin_dir: Path, src: Path, out: Path, extra: list[str], tensors: str
 
 def write_model(path: Path, w_down: np.ndarray, n_embd: int, n_ff: int) -> None:
     """A one-layer Llama GGUF (f16) whose only nonzero tensor is ffn_down."""
-    import gguf_s3d8  # noqa: F401  (the series' gguf-py)
-    import gguf
-
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(1)
-    w.add_context_length(4096)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(32)
-    w.add_head_count_kv(8)
-    w.add_rope_dimension_count(n_embd // 32)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(256)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    z = np.zeros
-    kv = n_embd // 4
-    w.add_tensor("token_embd.weight", z((256, n_embd), np.float16))
-    w.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
-    w.add_tensor("blk.0.attn_norm.weight", np.ones(n_embd, np.float32))
-    w.add_tensor("blk.0.ffn_norm.weight", np.ones(n_embd, np.float32))
-    for name, shape in (("attn_q", (n_embd, n_embd)), ("attn_k", (kv, n_embd)), ("attn_v", (kv, n_embd)),
-                        ("attn_output", (n_embd, n_embd)), ("ffn_gate", (n_ff, n_embd)), ("ffn_up", (n_ff, n_embd))):
-        w.add_tensor(f"blk.0.{name}.weight", z(shape, np.float16))
-    w.add_tensor("blk.0.ffn_down.weight", w_down.astype(np.float16))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_llama_layer(path, n_embd, n_ff, lambda name, shape: w_down if name == "ffn_down" else np.zeros(shape))
 
 
 def write_xtx(path: Path, name: str, xtx: np.ndarray, tokens: int) -> None:
