@@ -16,7 +16,8 @@
 // the stop button may stay longer than idle_timeout_ms. The screenshot shows the dialog if there was one, else the
 // page at the end of the step (scrolled to the conversation's start with scroll_top).
 // The record: page {status, title, message_box}; per step: attach {file, preview | dialog}, status and
-// content_type of the chat response, timings (its last streamed timings: prompt_n, cache_n, ...), answer_texts
+// content_type of the chat response, content_chunks and streamed (the parts of the answer the server streamed: how
+// many, their sum), timings (its last streamed timings: prompt_n, cache_n, ...), answer_texts
 // (every text the new answer's box showed while it streamed), dialog, busy; requests (the chat request bodies the
 // page sent); messages (the conversation as the page stored it in IndexedDB: role, exact content, images);
 // page_errors, console_errors; error: why the run stopped early (a wait that timed out: a hung page), or null.
@@ -152,11 +153,19 @@ async function send(page, step, rec, responses) {
 		await res.finished();
 		// a streamed answer's last timings (prompt_n: prompt tokens computed, cache_n: taken from the cache)
 		const body = await res.text().catch(() => '');
+		// and its text as the server streamed it: the chunks that carried a part of the answer, and their sum
+		rec.content_chunks = 0;
+		rec.streamed = '';
 		for (const line of body.split('\n')) {
 			if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
 			try {
 				const chunk = JSON.parse(line.slice(6));
 				if (chunk.timings) rec.timings = chunk.timings;
+				const part = chunk.choices && chunk.choices[0] && chunk.choices[0].delta && chunk.choices[0].delta.content;
+				if (part) {
+					rec.content_chunks += 1;
+					rec.streamed += part;
+				}
 			} catch {
 				// not JSON: left out
 			}
