@@ -35,10 +35,16 @@ from pathlib import Path
 import numpy as np
 
 from gguf_s3d8 import series_gguf
+from gguf_s3d8.fsio import atomic_write
 
 # benchmarks/ is a folder of scripts, not a package: the script's own folder is sys.path[0] when it runs
 from s3d8_fit_streams import MAIN_JOB, ROOT, kld  # type: ignore[import-not-found]
-from s3d8_robustness import NAMES, PERTURBATION_SEED, RELATIVE_PERTURBATION  # type: ignore[import-not-found]
+from s3d8_robustness import (  # type: ignore[import-not-found]
+    NAMES,
+    PERTURBATION_SEED,
+    RELATIVE_PERTURBATION,
+    perturbation_factors,
+)
 
 VARIANTS = ("t2", "t1", "pert", "pert-xtx")
 ENCODINGS = ("iw1", "last")
@@ -52,10 +58,7 @@ def perturb_file(src: Path, dst: Path, suffix: str, seed: int, symmetric: bool) 
     for t in reader.tensors:
         if t.name.endswith(suffix):
             a = t.data
-            signs = rng.choice([-1.0, 1.0], size=a.shape)
-            if symmetric:
-                signs = np.triu(signs) + np.triu(signs, 1).T
-            a[...] = (a.astype(np.float64) * (1.0 + RELATIVE_PERTURBATION * signs)).astype(np.float32)
+            a[...] = (a.astype(np.float64) * perturbation_factors(rng, a.shape, symmetric=symmetric)).astype(np.float32)
     reader.data.flush()
 
 
@@ -118,9 +121,7 @@ def main() -> None:
         if values:
             print(f"{enc}: worst {max(values):.4f} best {min(values):.4f} over {len(values)} variants")
     if args.json:
-        tmp_json = args.json.with_suffix(".tmp")
-        tmp_json.write_text(json.dumps({"rows": rows, "relative_perturbation": RELATIVE_PERTURBATION}, indent=1) + "\n")
-        tmp_json.replace(args.json)
+        atomic_write(args.json, json.dumps({"rows": rows, "relative_perturbation": RELATIVE_PERTURBATION}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -40,14 +40,15 @@ from typing import Any
 import numpy as np
 
 from gguf_s3d8 import dequantize_s3d8, series_gguf
+from gguf_s3d8.fsio import atomic_path, atomic_write
 
 # benchmarks/ is a folder of scripts, not a package: the script's own folder is sys.path[0] when it runs
 from s3d8_fit_streams import MAIN_JOB, ROOT  # type: ignore[import-not-found]
 from s3d8_robustness import (  # type: ignore[import-not-found]
     ENCODERS,
     PERTURBATION_SEED,
-    RELATIVE_PERTURBATION,
     imatrix_variant,
+    perturbation_factors,
 )
 
 HF_DIR = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct-hf"
@@ -68,37 +69,30 @@ def _forward_chunks(text: Path, chunks: int, torch: Any) -> tuple[Any, list[Any]
 
 
 def training_hessian(layer: int, torch: Any) -> Any:
-    """``H = (2/N) X^T X`` (float32, from a float64 sum) of ``blk.<layer>.ffn_down``'s inputs over the main job's
-    training text (64 x 512 tokens, what llama-imatrix read), as qat.gptq_s3d8 forms it (cached)."""
+    """``H = (2/N) X^T X`` of ``blk.<layer>.ffn_down``'s inputs over the main job's training text (64 x 512 tokens,
+    what llama-imatrix read), collected by qat.gptq's own collector, as qat.gptq_s3d8 forms it (cached)."""
     path = CACHE / f"last-layer-hessian-{layer}.pt"
     if path.exists():
         return torch.load(path)
+    from qat.gptq import collect_hessians  # torch
+
     model, chunks = _forward_chunks(MAIN_JOB / "train.txt", 64, torch)
-    acc: dict[str, Any] = {"xtx": None, "n": 0}
-
-    def hook(_m: Any, inp: Any, _o: Any) -> None:
-        x = inp[0][0].double()
-        acc["xtx"] = x.T @ x if acc["xtx"] is None else acc["xtx"] + x.T @ x
-        acc["n"] += x.shape[0]
-
-    handle = model.model.layers[layer].mlp.down_proj.register_forward_hook(hook)
-    with torch.no_grad():
-        for c in chunks:
-            model(c)
-    handle.remove()
-    hessian = (acc["xtx"] * (2.0 / acc["n"])).float()
-    CACHE.mkdir(parents=True, exist_ok=True)
-    torch.save(hessian, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
+    down = {"down": model.model.layers[layer].mlp.down_proj}
+    hessian = collect_hessians(model, [{"input_ids": c} for c in chunks], down, stop_early=True)["down"].hessian()
+    _save(torch, hessian, path)
     return hessian
+
+
+def _save(torch: Any, obj: Any, path: Path) -> None:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def perturbed(hessian: Any, torch: Any) -> Any:
     """Every entry times 1 + e or 1 - e (e = RELATIVE_PERTURBATION, a fixed random sign per entry, symmetric)."""
-    rng = np.random.default_rng(PERTURBATION_SEED + 1)
-    signs = rng.choice([-1.0, 1.0], size=hessian.shape)
-    signs = np.triu(signs) + np.triu(signs, 1).T
-    return (hessian.double() * torch.from_numpy(1.0 + RELATIVE_PERTURBATION * signs)).float()
+    factors = perturbation_factors(np.random.default_rng(PERTURBATION_SEED + 1), hessian.shape, symmetric=True)
+    return (hessian.double() * torch.from_numpy(factors)).float()
 
 
 def gguf_weight(name: str) -> np.ndarray:
@@ -130,9 +124,7 @@ def capture(layer: int, torch: Any) -> dict[str, Any]:
     states = {"x": torch.stack(xs), "h": torch.stack(hs), "w": block.mlp.down_proj.weight.detach().clone(),
               "g": model.model.norm.weight.detach().clone(), "eps": float(model.config.rms_norm_eps),
               "head": model.lm_head.weight.detach().clone()}
-    CACHE.mkdir(parents=True, exist_ok=True)
-    torch.save(states, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
+    _save(torch, states, path)
     return states
 
 
@@ -249,10 +241,9 @@ def main() -> None:
         print(f"{encoder}: Spearman rank correlation with the layer KLD: "
               + ", ".join(f"{m} {v:+.2f}" for m, v in corr[encoder].items()))
     if args.json:
-        tmp = args.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"layer": args.layer, "encoders": args.encoders, "rows": rows, "spearman": corr,
-                                   "fisher_labels": FISHER_LABELS, "chunks": CHUNKS, "ctx": CTX}, indent=1) + "\n")
-        tmp.replace(args.json)
+        atomic_write(args.json, json.dumps({"layer": args.layer, "encoders": args.encoders, "rows": rows,
+                                            "spearman": corr, "fisher_labels": FISHER_LABELS, "chunks": CHUNKS,
+                                            "ctx": CTX}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

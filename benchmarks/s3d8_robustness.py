@@ -83,7 +83,7 @@ def imatrix_variant(spec: str, bin_dir: Path) -> dict[str, np.ndarray]:
     if not path.exists():
         sys.exit(f"imatrix variant {spec!r}: {path} does not exist")
     im = read_imatrix(path)
-    signs = np.random.default_rng(PERTURBATION_SEED)
+    rng = np.random.default_rng(PERTURBATION_SEED)
     out: dict[str, np.ndarray] = {}
     for name in NAMES:
         entry = im.for_tensor(name, 1536)
@@ -91,9 +91,18 @@ def imatrix_variant(spec: str, bin_dir: Path) -> dict[str, np.ndarray]:
             sys.exit(f"{path} has no entry for {name}")
         u = entry.reshape(-1).astype(np.float64)
         if spec == "pert":
-            u = u * (1.0 + RELATIVE_PERTURBATION * signs.choice([-1.0, 1.0], size=u.size))
+            u = u * perturbation_factors(rng, u.shape)
         out[name] = u.astype(np.float32)
     return out
+
+
+def perturbation_factors(rng: np.random.Generator, shape: tuple[int, ...], *, symmetric: bool = False) -> np.ndarray:
+    """``1 + e`` or ``1 - e`` per entry (e = RELATIVE_PERTURBATION, float64), the sign drawn from ``rng``; with
+    ``symmetric`` the upper triangle's signs mirrored into the lower one (a square matrix stays symmetric)."""
+    signs = rng.choice([-1.0, 1.0], size=shape)
+    if symmetric:
+        signs = np.triu(signs) + np.triu(signs, 1).T
+    return 1.0 + RELATIVE_PERTURBATION * signs
 
 
 def _encode(job: tuple[str, np.ndarray, np.ndarray, int, str]) -> np.ndarray:
