@@ -2,6 +2,7 @@
 # Configure and build CMake presets (default: host). Incremental: a second run builds nothing.
 #   bash ci/build.sh                       # host tools + C tests
 #   bash ci/build.sh aarch64-dotprod aarch64-i8mm
+#   S3D8_TARGETS="llama-quantize llama-cli" bash ci/build.sh host   # only these targets (ci/main.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source ci/env.sh
@@ -22,5 +23,6 @@ for preset in "${presets[@]}"; do
         rm -f "$log"
         echo "$digest" > "$stamp"
     fi
-    cmake --build --preset "$preset" -j "$JOBS"
+    # shellcheck disable=SC2086  # a space-separated list of target names
+    cmake --build --preset "$preset" -j "$JOBS" ${S3D8_TARGETS:+--target $S3D8_TARGETS}
 done

@@ -7,6 +7,8 @@ source ci/env.sh
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
     exec "${PY}" tools/main_job.py --help 2>/dev/null || sed -n 2,3p "$0"
 fi
-bash ci/setup.sh
-bash ci/build.sh host
+# only what the main job needs: no cross compilers, QEMU, clang, browser or web page (ci/setup.sh --main), and of
+# the host build only the five tools tools/main_job.py runs and the converter's C encoder (libs3d8-native)
+bash ci/setup.sh --main
+S3D8_TARGETS="llama-quantize llama-imatrix llama-perplexity llama-cli llama-bench s3d8-native" bash ci/build.sh host
 exec "$PY" tools/main_job.py "$@"

