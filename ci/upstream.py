@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,20 +141,54 @@ def known(name: str) -> UpstreamTree:
         raise UpstreamError(f"unknown upstream tree {name!r}; known: {', '.join(TREES)}") from None
 
 
+def _index_url() -> str:
+    """The package index pip uses here (``PIP_INDEX_URL`` or ``pip config``'s ``index-url``), else PyPI."""
+    url = os.environ.get("PIP_INDEX_URL")
+    if not url:
+        try:
+            out = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+                                 capture_output=True, text=True, timeout=60)
+            url = out.stdout.strip() if out.returncode == 0 else ""
+        except (OSError, subprocess.TimeoutExpired):
+            url = ""
+    return (url or "https://pypi.org/simple").rstrip("/")
+
+
+def _download_from_index(sdist: Sdist, dest: Path) -> Path:
+    """The sdist file itself from the index's JSON simple API (PEP 691). ``pip download`` of an sdist also builds
+    its metadata, i.e. installs the package's build requirements first: minutes, for a file of a few seconds."""
+    project = sdist.requirement.split("==")[0]
+    req = urllib.request.Request(f"{_index_url()}/{project}/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        files = json.load(r)["files"]
+    [entry] = [f for f in files if f["filename"] == sdist.filename]
+    url = urllib.parse.urljoin(req.full_url, entry["url"])
+    got = dest / sdist.filename
+    with urllib.request.urlopen(url, timeout=600) as r, open(got, "wb") as f:
+        shutil.copyfileobj(r, f, 1 << 20)
+    return got
+
+
 def download_sdist(sdist: Sdist) -> Path:
-    """Download the sdist with pip (the only network client this project relies on) and verify it."""
+    """Download the sdist from the package index (directly, else with pip) and verify its sha256."""
     dest = cache_root() / "downloads"
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / sdist.filename
     if path.exists() and sha256_file(path) == sdist.sha256:
         return path
     with tempfile.TemporaryDirectory(dir=dest) as tmp:
-        print(f"upstream: downloading the {sdist.requirement} sdist ({sdist.size}) with pip", file=sys.stderr)
-        _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-              sdist.requirement, "-d", tmp])
-        got = Path(tmp) / sdist.filename
+        print(f"upstream: downloading the {sdist.requirement} sdist ({sdist.size})", file=sys.stderr)
+        try:
+            got = _download_from_index(sdist, Path(tmp))
+        except (OSError, urllib.error.URLError, KeyError, ValueError) as e:
+            # an index without the JSON API, a proxy only pip knows: pip, which also builds the metadata
+            print(f"upstream: direct download failed ({e}); asking pip", file=sys.stderr)
+            _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                  sdist.requirement, "-d", tmp])
+            got = Path(tmp) / sdist.filename
         if not got.exists():
-            raise UpstreamError(f"pip did not produce {sdist.filename}")
+            raise UpstreamError(f"no {sdist.filename} was downloaded")
         digest = sha256_file(got)
         if digest != sdist.sha256:
             raise UpstreamError(f"{sdist.filename}: sha256 {digest} != recorded {sdist.sha256}; refusing to use it")

