@@ -46,9 +46,13 @@ PRS = (
        (("./test-backend-ops", "test", "-b", "CPU", "-p", "s3d8"),)),
     PR("mllama", "common : --image-max-tiles for llama-mtmd-cli and llama-server"),
     PR("kv-types", "llama : Hadamard-rotate a quantized mllama cross-attention store"),
-    # GPTQ for S3D8 in C (issue 34): a follow-up of the s3d8 PR, last until it is folded there. The last PR's prefix is
-    # the whole series: its own tests (tests/python/test_gptq_c.py, the KV tests) are ci/test.sh's
+    # GPTQ for S3D8 in C (issue 34): a follow-up of the s3d8 PR, last until it is folded there (its own tests,
+    # tests/python/test_gptq_c.py, are ci/test.sh's)
     PR("s3d8-gptq", "llama-quantize : --hessian runs GPTQ for S3D8 tensors"),
+    # the CPU flash-attention kernel for long, short-headed attention (the mllama vision encoder): independent of the
+    # rest, last so that no other patch is rebased over it; the whole series is this PR's prefix
+    PR("cpu-fa", "ggml-cpu : tiled flash attention with taller Q blocks, a mask summary and vector reductions",
+       (("./test-backend-ops", "test", "-o", "FLASH_ATTN_EXT", "-b", "CPU", "-p", "nb=300"),)),
 )
 UPSTREAM_TOOLS = ("llama-cli", "llama-mtmd-cli", "llama-server", "llama-quantize", "llama-bench", "llama-perplexity",
                   "llama-imatrix", "llama-tokenize")

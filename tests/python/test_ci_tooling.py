@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.error
 from collections.abc import Callable
 from pathlib import Path
 
@@ -77,20 +78,32 @@ def test_second_fetch_downloads_nothing(monkeypatch, pinned_tree: Path) -> None:
     assert upstream.fetch() == pinned_tree
 
 
-def test_sdist_with_wrong_checksum_is_refused(monkeypatch, tmp_path: Path) -> None:
+@pytest.mark.parametrize("route", ["index", "pip"])
+def test_sdist_with_wrong_checksum_is_refused(monkeypatch, tmp_path: Path, route: str) -> None:
+    """Whichever way the bytes arrive (the index's JSON API, or pip when that fails), tampered bytes are refused
+    and nothing is left under the final name. No network: both routes are replaced by fakes."""
     monkeypatch.setenv("S3D8_CACHE", str(tmp_path))
     (tmp_path / "downloads").mkdir()
     sdist = upstream.TREES[upstream.PIN].sdist
     bogus = tmp_path / "downloads" / sdist.filename
     bogus.write_bytes(b"not the sdist")
 
-    def fake_pip(cmd, **kw):  # pip "downloads" the same bogus bytes again
+    def fake_index(sd, dest: Path) -> Path:
+        if route == "pip":
+            raise urllib.error.URLError("no JSON API here")
+        (dest / sd.filename).write_bytes(b"tampered")
+        return dest / sd.filename
+
+    def fake_pip(cmd, **kw):  # pip "downloads" bogus bytes too
+        assert route == "pip", "pip was asked although the index answered"
         dest = Path(cmd[cmd.index("-d") + 1])
         (dest / sdist.filename).write_bytes(b"tampered")
         return subprocess.CompletedProcess(cmd, 0)
+    monkeypatch.setattr(upstream, "_download_from_index", fake_index)
     monkeypatch.setattr(upstream, "_run", fake_pip)
     with pytest.raises(upstream.UpstreamError, match="sha256"):
         upstream.download_sdist(sdist)
+    assert bogus.read_bytes() == b"not the sdist"  # the cached file was not replaced by the tampered one
 
 
 def test_empty_series_round_trips(tmp_path: Path, pinned_tree: Path) -> None:
@@ -441,10 +454,15 @@ def test_a_type_id_of_a_neighbour_tree_fails_unless_documented(monkeypatch, tmp_
 
 def test_the_prs_partition_the_series() -> None:
     """ci/check_prs.py: every patch of the series belongs to exactly one PR, in the order upstream merges them
-    (fixes, S3D8, mllama, KV types, then S3D8's GPTQ as a follow-up), and no fix names our types or architecture."""
+    (fixes, S3D8, mllama, KV types, then S3D8's GPTQ as a follow-up, then the CPU flash-attention kernel), and no
+    fix names our types or architecture; the flash-attention PR is one patch that names none of them either."""
     import check_prs
     plan = check_prs.prefixes()
-    assert [pr.name for pr, _ in plan] == ["fixes", "s3d8", "mllama", "kv-types", "s3d8-gptq"]
+    assert [pr.name for pr, _ in plan] == ["fixes", "s3d8", "mllama", "kv-types", "s3d8-gptq", "cpu-fa"]
+    assert len(plan[-1][1]) - len(plan[-2][1]) == 1
+    fa_added = "\n".join(ln for ln in plan[-1][1][-1].read_text().splitlines() if ln.startswith("+"))
+    for word in ("S3D8", "s3d8", "HQQ", "TQ3_0", "cross_attn"):
+        assert word not in fa_added, word
     assert plan[-1][1] == patches.series()
     fixes = plan[0][1]
     for p in fixes:
