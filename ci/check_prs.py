@@ -50,9 +50,12 @@ PRS = (
     # tests/python/test_gptq_c.py, are ci/test.sh's)
     PR("s3d8-gptq", "llama-quantize : --hessian runs GPTQ for S3D8 tensors"),
     # the CPU flash-attention kernel for long, short-headed attention (the mllama vision encoder): independent of the
-    # rest, last so that no other patch is rebased over it; the whole series is this PR's prefix
+    # rest, near the end so that no other patch is rebased over it
     PR("cpu-fa", "ggml-cpu : tiled flash attention with taller Q blocks, a mask summary and vector reductions",
-       (("./test-backend-ops", "test", "-o", "FLASH_ATTN_EXT", "-b", "CPU", "-p", "nb=300"),)),
+       (("./test-backend-ops", "test", "-o", "FLASH_ATTN_EXT", "-b", "CPU", "-p", "nb=600"),)),
+    # the vector GELU (erf) of the CPU backend (the same encoder's MLP), independent of the rest
+    PR("cpu-gelu", "ggml-cpu : vectorized GELU (erf) for F32",
+       (("./test-backend-ops", "test", "-o", "GELU_ERF", "-b", "CPU"),)),
 )
 UPSTREAM_TOOLS = ("llama-cli", "llama-mtmd-cli", "llama-server", "llama-quantize", "llama-bench", "llama-perplexity",
                   "llama-imatrix", "llama-tokenize")
