@@ -76,9 +76,11 @@ def prepare(work: Path) -> tuple[Path, Path]:
     return text, mmproj
 
 
-def encode(text: Path, mmproj: Path, img: Path, cap: int, threads: int) -> dict[str, float]:
+def encode(text: Path, mmproj: Path, img: Path, cap: int, threads: int, exe: str | None = None) -> dict[str, float]:
+    """llama-mtmd-cli's own encode time of one image at a tile cap, with the load average around it; ``exe``: that
+    of another build (default: this checkout's)."""
     load = os.getloadavg()[0]
-    proc = run([tool("llama-mtmd-cli"), "-m", str(text), "--mmproj", str(mmproj), "--image", str(img),
+    proc = run([exe or tool("llama-mtmd-cli"), "-m", str(text), "--mmproj", str(mmproj), "--image", str(img),
                 "--image-max-tiles", str(cap), "-p", "Describe this picture.", "-n", "1", "-t", str(threads),
                 "--temp", "0", "-c", "2048", "-lv", "4"], capture_output=True, text=True, errors="replace")
     m = ENCODE.findall(proc.stderr + proc.stdout)

@@ -22,7 +22,7 @@ parent of the flash-attention patch (so that both builds have the patches' test 
           -DLLAMA_CPP_DIR=$PWD/work/fa-before
     cmake --build build/fa-before --target llama-mtmd-cli test-backend-ops
 
-so that both builds have the patch's test cases. Not a test; run by hand after ``bash ci/build.sh host`` and
+Not a test; run by hand after ``bash ci/build.sh host`` and
 ``bench_mllama_tiles.py --prepare-only``:
 
     .venv/bin/python benchmarks/bench_vision_encode.py --before build/fa-before/bin
@@ -38,10 +38,11 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from bench_common import BUILD, ROOT, cpu_name, keep_raw_results, run, shown  # type: ignore[import-not-found]
-from bench_mllama_tiles import ENCODE, photo, prepare  # type: ignore[import-not-found]
+from bench_mllama_tiles import encode, photo, prepare  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
 RAW_NAME = "benchmarks-vision-encode.json"
@@ -49,17 +50,6 @@ PHOTO = "hubble_deep_field"  # 1000 x 872: a 2x2 canvas at cap 4
 FA_CASES = {"no mask": 0, "mask": 1}
 FA_FILTER = r"hsk=80,hsv=80,nh=16,nr23=\[1,1\],kv=6432,nb=6432,mask={mask},"
 GFLOPS = re.compile(r"([\d.]+) GFLOPS")
-
-
-def encode_ms(bin_dir: Path, text: Path, mmproj: Path, img: Path, cap: int, threads: int) -> dict[str, float]:
-    load = os.getloadavg()[0]
-    proc = run([str(bin_dir / "llama-mtmd-cli"), "-m", str(text), "--mmproj", str(mmproj), "--image", str(img),
-                "--image-max-tiles", str(cap), "-p", "Describe this picture.", "-n", "1", "-t", str(threads),
-                "--temp", "0", "-c", "8192", "-lv", "4"], capture_output=True, text=True, errors="replace")
-    m = ENCODE.findall(proc.stderr + proc.stdout)
-    if not m:
-        raise RuntimeError(f"no encode time in llama-mtmd-cli's log:\n{proc.stderr[-3000:]}")
-    return {"encode_ms": float(m[-1]), "load_before": load}
 
 
 def fa_threads() -> int:
@@ -102,16 +92,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for build, bin_dir in (builds.items() if i % 2 == 0 else reversed(builds.items())):
             for cap in (4, 1):
                 row = {"build": build, "run": i, "cap": cap,
-                       **encode_ms(bin_dir, text, mmproj, img, cap, args.threads)}
+                       **encode(text, mmproj, img, cap, args.threads, exe=str(bin_dir / "llama-mtmd-cli"))}
                 result["encode"].append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     return result
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def write_report(result: dict[str, Any], args: argparse.Namespace) -> None:
@@ -134,9 +118,9 @@ def write_report(result: dict[str, Any], args: argparse.Namespace) -> None:
              "| | before s (median, min-max) | after s (median, min-max) | speed-up |", "|---|---:|---:|---:|"]
     for cap in (4, 1):
         b, a = times("before", cap), times("after", cap)
-        lines.append(f"| encode, {cap} tile{'s' if cap > 1 else ''} | {_median(b):.1f} ({min(b):.1f}-{max(b):.1f}) | "
-                     f"{_median(a):.1f} ({min(a):.1f}-{max(a):.1f}) | {_median(b) / _median(a):.2f}x |")
-    a1, a4 = _median(times("after", 1)), _median(times("after", 4))
+        lines.append(f"| encode, {cap} tile{'s' if cap > 1 else ''} | {median(b):.1f} ({min(b):.1f}-{max(b):.1f}) | "
+                     f"{median(a):.1f} ({min(a):.1f}-{max(a):.1f}) | {median(b) / median(a):.2f}x |")
+    a1, a4 = median(times("after", 1)), median(times("after", 4))
     lines += ["", f"After the change, the 1-tile cap encodes in {a1 / a4:.2f} of the 4-tile time.", "",
               "Flash attention alone (`test-backend-ops perf -o FLASH_ATTN_EXT -b CPU`, which gives the CPU backend "
               f"{result['fa_threads']} thread{'s' if result['fa_threads'] > 1 else ''}; 16 heads of 80, 6432 x 6432 "
