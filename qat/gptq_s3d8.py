@@ -5,8 +5,8 @@ llama.cpp's row order, as :mod:`qat.student` plans it):
 
 1. **Hessian** ``H = (2/N) sum x x^T`` of the matrix's inputs over the calibration tokens
    (:func:`qat.gptq.collect_hessians` on the fp32 model, one pass, stopped after the last S3D8 matrix).
-2. **Start**: the importance-aware encoder ``iw1`` (:mod:`gguf_s3d8.importance`, what ``llama-quantize
-   --imatrix`` runs) with the importance ``diag(H)`` - llama-imatrix's statistic (mean squared activation per
+2. **Start**: the importance-aware encoder ``iw1`` (what ``llama-quantize --imatrix`` runs: in C through
+   ``libs3d8-native`` when it is built, else :mod:`gguf_s3d8.importance`, the same bytes) with the importance ``diag(H)`` - llama-imatrix's statistic (mean squared activation per
    input column, up to the factor 2 that ``iw1``'s normalisation removes) - gives the codebook and the per-row
    scales, which stay fixed.
 3. **GPTQ** (:func:`qat.gptq.gptq_quantise`, act order, damping 0.05, lazy blocks of 128): column by column,
@@ -82,6 +82,29 @@ class MatrixResult:
     seconds: float
 
 
+def iw1_container(w: np.ndarray, importance: np.ndarray | None, *, name: str, seed: int = 0,
+                  centroid_rule: str | None = None) -> np.ndarray:
+    """The iw1 container of ``w`` (GPTQ's start): in C when ``libs3d8-native`` is built (llama-quantize's own code,
+    several times faster), else in numpy - the same bytes (tests/python/test_native.py). A library from another build
+    of the series is an error, never a silent fallback (``convert.encoders.load_backend``)."""
+    import os
+
+    from convert.encoders import load_backend
+    from gguf_s3d8.importance import quantize_s3d8_importance
+
+    rule = {"centroid_rule": centroid_rule} if centroid_rule else {}
+    from convert.errors import ConvertError
+
+    try:
+        native: Any = load_backend("auto", notice=False)
+    except ConvertError as e:
+        raise GPTQError(str(e)) from e
+    if native is None:
+        return quantize_s3d8_importance(w, importance, name=name, seed=seed, **rule)
+    return native.quantize(w, "s3d8", importance=importance, seed=seed, threads=os.cpu_count() or 1, name=name,
+                           **rule)
+
+
 def gptq_s3d8_matrix(w: np.ndarray, hessian: torch.Tensor | None, *, name: str = "", seed: int = 0,
                      centroid_rule: str | None = None, cfg: GPTQConfig = GPTQConfig(),
                      start: np.ndarray | None = None) -> MatrixResult:
@@ -92,7 +115,7 @@ def gptq_s3d8_matrix(w: np.ndarray, hessian: torch.Tensor | None, *, name: str =
     of iw1) instead of running iw1 here."""
     import gguf_s3d8
     from gguf_s3d8.container import read_container
-    from gguf_s3d8.importance import quantize_s3d8_importance, quantize_s3d8_with_scales
+    from gguf_s3d8.importance import quantize_s3d8_with_scales
     from gguf_s3d8.tensor_file import weight_fingerprint
 
     t0 = time.time()
@@ -100,7 +123,7 @@ def gptq_s3d8_matrix(w: np.ndarray, hessian: torch.Tensor | None, *, name: str =
     rule = {"centroid_rule": centroid_rule} if centroid_rule else {}
     importance = None if hessian is None else torch.diagonal(hessian).clamp(min=0).numpy().astype(np.float32)
     if start is None:
-        start = quantize_s3d8_importance(w, importance, name=name, seed=seed, **rule)
+        start = iw1_container(w, importance, name=name, seed=seed, **rule)
     if hessian is None:
         return MatrixResult(start, weight_fingerprint(w), None, time.time() - t0)
     parts = read_container(start, name=name)

@@ -98,6 +98,28 @@ def test_gptq_with_identity_hessian_is_the_importance_aware_encoding() -> None:
     assert got.fingerprint == weight_fingerprint(w)
 
 
+@pytest.mark.parametrize("importance", [None, "imatrix"])
+def test_gptq_start_is_the_same_in_c_and_numpy(monkeypatch, importance) -> None:
+    """GPTQ's iw1 start runs in libs3d8-native when it is built (CI builds it): the same container as numpy's iw1,
+    with and without importance, and a broken library is GPTQError, not a silent fallback."""
+    import convert.encoders
+    from qat.gptq_s3d8 import GPTQError, iw1_container
+
+    pytest.importorskip("gguf_s3d8.native").load_native()  # the library of this build (a missing one fails)
+    w = _matrix(3)
+    imp = None if importance is None else (np.random.default_rng(4).random(K) + 0.1).astype(np.float32)
+    c = iw1_container(w, imp, name="t", seed=2)
+    assert np.array_equal(c, quantize_s3d8_importance(w, imp, name="t", seed=2))
+    monkeypatch.setattr(convert.encoders, "load_backend", lambda *a, **k: None)
+    assert np.array_equal(iw1_container(w, imp, name="t", seed=2), c)  # the numpy path
+
+    def broken(*a, **k):
+        raise convert.encoders.ConvertError("--backend auto: the C encoder library is unusable: other build")
+    monkeypatch.setattr(convert.encoders, "load_backend", broken)
+    with pytest.raises(GPTQError, match="other build"):
+        iw1_container(w, imp, name="t")
+
+
 def test_gptq_lowers_the_output_error_on_correlated_inputs() -> None:
     """On inputs with strongly correlated columns GPTQ's output error tr((W-Q) H (W-Q)^T) is well below the start's
     (the same codebook and scales, no feedback). Measured here: 0.033x (inputs of rank ~64 plus noise);
