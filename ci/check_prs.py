@@ -42,13 +42,13 @@ class PR:
 
 PRS = (
     PR("fixes", "llama-quantize : list the fallbacks with their reasons and the weights per type at the end of a run"),
-    PR("s3d8", "tests : S3D8 in test-backend-ops and test-quantize-fns",
+    # the type, its kernels, gguf-py, llama-quantize and the tests, then GPTQ for S3D8 in C (ggml_s3d8_quantize_gptq,
+    # llama-imatrix --save-xtx, llama-quantize --hessian; their own tests, tests/python/test_gptq_c.py, are
+    # ci/test.sh's)
+    PR("s3d8", "llama-quantize : --hessian runs GPTQ for S3D8 tensors",
        (("./test-backend-ops", "test", "-b", "CPU", "-p", "s3d8"),)),
     PR("mllama", "common : --image-max-tiles for llama-mtmd-cli and llama-server"),
     PR("kv-types", "llama : Hadamard-rotate a quantized mllama cross-attention store"),
-    # GPTQ for S3D8 in C (issue 34): a follow-up of the s3d8 PR, last until it is folded there (its own tests,
-    # tests/python/test_gptq_c.py, are ci/test.sh's)
-    PR("s3d8-gptq", "llama-quantize : --hessian runs GPTQ for S3D8 tensors"),
     # the CPU flash-attention kernel for long, short-headed attention (the mllama vision encoder): independent of the
     # rest, near the end so that no other patch is rebased over it
     PR("cpu-fa", "ggml-cpu : tiled flash attention with taller Q blocks, a mask summary and vector reductions",

@@ -454,12 +454,16 @@ def test_a_type_id_of_a_neighbour_tree_fails_unless_documented(monkeypatch, tmp_
 
 def test_the_prs_partition_the_series() -> None:
     """ci/check_prs.py: every patch of the series belongs to exactly one PR, in the order upstream merges them
-    (fixes, S3D8, mllama, KV types, then S3D8's GPTQ as a follow-up, then the CPU flash-attention kernel and the
-    vector GELU-erf), and no fix names our types or architecture; the last two PRs are one patch each that names
-    none of them either."""
+    (fixes, S3D8 with its GPTQ, mllama, KV types, then the CPU flash-attention kernel and the vector GELU-erf), and
+    no fix names our types or architecture; the last two PRs are one patch each that names none of them either."""
     import check_prs
     plan = check_prs.prefixes()
-    assert [pr.name for pr, _ in plan] == ["fixes", "s3d8", "mllama", "kv-types", "s3d8-gptq", "cpu-fa", "cpu-gelu"]
+    assert [pr.name for pr, _ in plan] == ["fixes", "s3d8", "mllama", "kv-types", "cpu-fa", "cpu-gelu"]
+    s3d8 = [p.name for p in plan[1][1][len(plan[0][1]):]]
+    assert s3d8[0].startswith("ggml-add-GGML_TYPE_S3D8") and s3d8[-3:] == [
+        "ggml-S3D8-GPTQ-with-a-given-Hessian-ggml_s3d8_quantize_gptq.patch",
+        "imatrix-save-xtx-saves-each-weight-input-s-X-T-X-for-GPTQ.patch",
+        "llama-quantize-hessian-runs-GPTQ-for-S3D8-tensors.patch"]
     for i in (-1, -2):
         assert len(plan[i][1]) - len(plan[i - 1][1]) == 1
         added = "\n".join(ln for ln in plan[i][1][-1].read_text().splitlines() if ln.startswith("+"))
