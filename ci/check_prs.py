@@ -142,7 +142,11 @@ def check(pr: PR, prefix: list[Path], full: bool) -> bool:
 
 
 def sync_tree(src: Path, dest: Path) -> Path:
-    """Make ``dest`` a copy of ``src`` (git metadata excluded), rewriting only the files whose bytes differ."""
+    """Make ``dest`` a copy of ``src`` (git metadata excluded), rewriting only the files whose bytes differ.
+
+    A rewritten file gets the current time, not ``src``'s: a shorter prefix after a longer one puts back the pin's
+    own files, whose times (the sdist's) are older than the objects the longer prefix built from its versions, and
+    ninja would keep those objects."""
     dest.mkdir(parents=True, exist_ok=True)
     want = {p.relative_to(src) for p in src.rglob("*") if ".git" not in p.relative_to(src).parts and not p.is_dir()}
     have = {p.relative_to(dest) for p in dest.rglob("*") if not p.is_dir()}
@@ -155,7 +159,7 @@ def sync_tree(src: Path, dest: Path) -> Path:
         b.parent.mkdir(parents=True, exist_ok=True)
         if b.exists() or b.is_symlink():
             b.unlink()
-        shutil.copy2(a, b, follow_symlinks=False)
+        shutil.copy(a, b, follow_symlinks=False)
     return dest
 
 

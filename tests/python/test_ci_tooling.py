@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 from collections.abc import Callable
 from pathlib import Path
@@ -450,6 +451,29 @@ def test_a_type_id_of_a_neighbour_tree_fails_unless_documented(monkeypatch, tmp_
     monkeypatch.setattr(upstream, "neighbour_file", lambda name, path: enum.replace("{}", "120"))
     bad, _ = check_upstream.neighbour_collisions(series)
     assert bad == ["GGML_TYPE_OTHER = 120 is ik_llama.cpp's GGML_TYPE_R4"]
+
+
+def test_sync_tree_gives_rewritten_files_a_new_time(tmp_path: Path) -> None:
+    """ci/check_prs.py's tree sync: unchanged files keep their time (ninja rebuilds nothing for them), a file put
+    back to the pin's older version is newer than anything built before (found when the fixes prefix ran after the
+    s3d8 one: ggml-quants.c went back to the pin with the sdist's time and its S3D8 object was linked)."""
+    import check_prs
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "same.c").write_text("same\n")
+    (src / "d" / "back.c").write_text("pin\n")
+    for f in ("same.c", "back.c"):
+        os.utime(src / "d" / f, (1e9, 1e9))  # the sdist's old times
+    (dest / "d").mkdir(parents=True)
+    (dest / "d" / "same.c").write_text("same\n")
+    (dest / "d" / "back.c").write_text("patched\n")
+    (dest / "d" / "gone.c").write_text("a patch's new file\n")
+    os.utime(dest / "d" / "same.c", (2e9, 2e9))
+    built = time.time() - 1
+    check_prs.sync_tree(src, dest)
+    assert sorted(p.name for p in (dest / "d").iterdir()) == ["back.c", "same.c"]
+    assert (dest / "d" / "back.c").read_text() == "pin\n" and (dest / "d" / "back.c").stat().st_mtime >= built
+    assert (dest / "d" / "same.c").stat().st_mtime == 2e9
 
 
 def test_the_prs_partition_the_series() -> None:
