@@ -90,11 +90,10 @@ def iw1_container(w: np.ndarray, importance: np.ndarray | None, *, name: str, se
     import os
 
     from convert.encoders import load_backend
+    from convert.errors import ConvertError
     from gguf_s3d8.importance import quantize_s3d8_importance
 
     rule = {"centroid_rule": centroid_rule} if centroid_rule else {}
-    from convert.errors import ConvertError
-
     try:
         native: Any = load_backend("auto", notice=False)
     except ConvertError as e:
@@ -120,10 +119,9 @@ def gptq_s3d8_matrix(w: np.ndarray, hessian: torch.Tensor | None, *, name: str =
 
     t0 = time.time()
     w = np.ascontiguousarray(w, dtype=np.float32)
-    rule = {"centroid_rule": centroid_rule} if centroid_rule else {}
     importance = None if hessian is None else torch.diagonal(hessian).clamp(min=0).numpy().astype(np.float32)
     if start is None:
-        start = iw1_container(w, importance, name=name, seed=seed, **rule)
+        start = iw1_container(w, importance, name=name, seed=seed, centroid_rule=centroid_rule)
     if hessian is None:
         return MatrixResult(start, weight_fingerprint(w), None, time.time() - t0)
     parts = read_container(start, name=name)
