@@ -9,18 +9,21 @@
 #                             # chromium, test/lint packages or web page; a later full set-up adds them
 #   --no-python / --python-only   # the part without the Python venv, or the venv alone (ci/main.sh builds
 #                                 # while the venv installs)
+#   --no-ui                       # everything but the web page (ci/test.sh builds it beside the aarch64 builds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source ci/env.sh
 profile=full
 python=yes
 rest=yes
+ui=yes
 for arg in "$@"; do
     case "$arg" in
         --main) profile=main ;;
         --no-python) python=no ;;
         --python-only) rest=no ;;
-        *) echo "usage: bash ci/setup.sh [--main] [--no-python | --python-only]" >&2; exit 2 ;;
+        --no-ui) ui=no ;;
+        *) echo "usage: bash ci/setup.sh [--main] [--no-python | --python-only] [--no-ui]" >&2; exit 2 ;;
     esac
 done
 
@@ -84,4 +87,4 @@ fi
 # --- llama-server's web page (npm, node >= 20.19) and the browser test's playwright-core, cached ------------
 # (not for the main job, which runs no server: a host build without the page is rebuilt with it by ci/build.sh
 # once the page exists)
-[[ $profile == main ]] || bash ci/ui.sh
+[[ $profile == main || $ui == no ]] || bash ci/ui.sh

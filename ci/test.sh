@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README; .ci/run calls exactly this):
-#   set-up → build (host + both aarch64 variants, static, with llama-cli/llama-mtmd-cli/llama-mllama-dump) →
+#   set-up → build (both aarch64 variants, static, with llama-cli/llama-mtmd-cli/llama-mllama-dump, while the web page
+#   builds; then host) →
 #   lint (ruff + mypy over the Python tree, ci/lint.py) → pytest (tests/python/test_phone_path.py runs those aarch64 tools under qemu-aarch64 against x86) → CTest on
 #   x86 → CTest of both aarch64 builds under qemu-aarch64 -cpu max → upstream's own CTest suite (label main) on the
 #   patched tree → the series against every upstream tree of ci/upstream.py (ci/check_upstream.py) → the fuzz build (clang, ASan + UBSan) and its
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 source ci/env.sh
 
 t_setup=$SECONDS
-bash ci/setup.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
+bash ci/setup.sh --no-ui || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
 
 results=build/test-results
 rm -rf "$results" && mkdir -p "$results"
@@ -28,13 +29,27 @@ timed() {
     printf '%s\t%d\n' "$name" $((SECONDS - t0)) >> "$results/timings.tsv"
     return $rc
 }
-presets=(host aarch64-dotprod aarch64-i8mm)
+presets=(aarch64-dotprod aarch64-i8mm host)
 if [[ "${S3D8_SKIP_CROSS:-0}" == 1 ]]; then
     presets=(host)
     echo "aarch64 builds skipped by S3D8_SKIP_CROSS=1" > "$results/skipped-cross.txt"
 fi
 
+# llama-server's web page (ci/ui.sh: npm ci and a vite build, mostly one core) is built beside the aarch64 builds;
+# the host build, which embeds it, waits for it. A failed page build fails the run (the browser test fails too).
+(
+    t0=$SECONDS rc=0
+    bash ci/ui.sh || rc=$?
+    printf 'web page (beside the aarch64 builds)\t%d\n' $((SECONDS - t0)) >> "$results/timings.tsv"
+    exit $rc
+) &
+ui_pid=$!
+
 for preset in "${presets[@]}"; do
+    if [[ $preset == host ]] && ! wait "$ui_pid"; then
+        echo "the web page's build (ci/ui.sh) failed" > "$results/ui.failed"
+        status=1
+    fi
     if ! timed "build $preset" bash ci/build.sh "$preset"; then
         echo "build of $preset failed" > "$results/build-$preset.failed"
         status=1

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-# The slowest test files first, slowest leading (the sum of their cases' times in the CI-like run of 2026-12-04,
-# docs/reliability.md "CI time": 285, 190, 167, 162, 140, 132, 122, 122, 98, 83, 71 s; every other file under 35 s).
-# ci/test.sh runs pytest-xdist with --dist loadfile, which hands whole files to the workers in collection order: a
-# long file collected last would run alone while the other worker idles. Every other file keeps its place.
-SLOW_FILES_FIRST = ("test_qat_mllama.py", "test_phone_path.py", "test_ci_tooling.py", "test_codec_importance.py",
-                    "test_convert.py", "test_qat_train.py", "test_gptq_s3d8.py", "test_convert_smollm2.py",
-                    "test_kv_smollm2.py", "test_faults.py", "test_convert_upstream.py", "test_native.py")
+# The slowest test files first, slowest leading (the sum of their cases' times in the full run of 2026-12-06,
+# build/test-results/pytest.xml: 339, 215, 189, 189, 173, 139, 135, 122, 110, 102, 75, 57, 54 s; every other file
+# under 50 s). ci/test.sh runs pytest-xdist with --dist loadfile, which hands whole files to the workers in
+# collection order: a long file collected last would run alone while the other worker idles. Every other file keeps
+# its place.
+SLOW_FILES_FIRST = ("test_qat_mllama.py", "test_ci_tooling.py", "test_codec_importance.py", "test_qat_train.py",
+                    "test_gptq_c.py", "test_gptq_s3d8.py", "test_kv_smollm2.py", "test_convert.py", "test_faults.py",
+                    "test_convert_smollm2.py", "test_phone_path.py", "test_native.py", "test_convert_upstream.py")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
