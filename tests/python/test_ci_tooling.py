@@ -476,6 +476,19 @@ def test_sync_tree_gives_rewritten_files_a_new_time(tmp_path: Path) -> None:
     assert (dest / "d" / "same.c").stat().st_mtime == 2e9
 
 
+def test_generated_models_of_another_prefix_are_cleared(tmp_path: Path) -> None:
+    """ci/check_prs.py empties test-generate-models' folder before a prefix's tests: a model that a longer prefix
+    wrote there (an architecture this prefix does not know) failed both state tests of the fixes prefix."""
+    import check_prs
+    models = tmp_path / "llama.cpp" / "tests" / "test-models"
+    models.mkdir(parents=True)
+    (models / "mllama-dense.gguf").write_bytes(b"GGUF")
+    (models / "notes.txt").write_text("kept\n")
+    check_prs.clear_generated_models(tmp_path)
+    assert sorted(p.name for p in models.iterdir()) == ["notes.txt"]
+    check_prs.clear_generated_models(tmp_path / "no-build-yet")  # nothing to clear
+
+
 def test_the_prs_partition_the_series() -> None:
     """ci/check_prs.py: every patch of the series belongs to exactly one PR, in the order upstream merges them
     (fixes, S3D8 with its GPTQ, mllama, KV types, then the CPU flash-attention kernel and the vector GELU-erf), and
