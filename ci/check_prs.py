@@ -127,17 +127,17 @@ def check(pr: PR, prefix: list[Path], full: bool) -> bool:
         exclude = ctest_exclusions()
         if not full:
             exclude = exclude.replace(")$", "|" + "|".join(LONG_TESTS) + ")$")
-        steps = [
+        build = [
             ["cmake", "--preset", "host", "-B", str(PR_BUILD), f"-DLLAMA_CPP_DIR={tree}", "-DS3D8_BUILD_TESTS=OFF",
              "-DS3D8_UPSTREAM_TESTS=ON"],
             # upstream's tools and tests only: this project's own tools (llama-mllama-dump) need the whole series
             ["cmake", "--build", str(PR_BUILD), "--target", *UPSTREAM_TOOLS, "upstream-tests"],
-            ["ctest", "--test-dir", str(PR_BUILD), "-L", "^main$", "-E", exclude, "-j", "2", "--output-on-failure",
-             "--no-tests=error"],
         ]
-        ok = all(run(cmd, cwd=REPO) for cmd in steps[:2])
+        test = ["ctest", "--test-dir", str(PR_BUILD), "-L", "^main$", "-E", exclude, "-j", "2", "--output-on-failure",
+                "--no-tests=error"]
+        ok = all(run(cmd, cwd=REPO) for cmd in build)
         clear_generated_models(PR_BUILD)
-        ok = ok and run(steps[2], cwd=REPO)
+        ok = ok and run(test, cwd=REPO)
         ok = ok and all(run(list(cmd), cwd=PR_BUILD / "bin") for cmd in pr.checks)
     print(f"check-prs: {pr.name} ({len(prefix)} patches): {'OK' if ok else 'FAILED'}", flush=True)
     return ok
@@ -147,10 +147,8 @@ def clear_generated_models(build: Path) -> None:
     """Empty the folder that upstream's test-generate-models writes a model of each architecture into (and the
     state tests read every file of): a model left there by a longer prefix has an architecture this prefix may
     not know (mllama before the mllama PR), and the state tests would fail on it."""
-    models = build / "llama.cpp" / "tests" / "test-models"
-    if models.is_dir():
-        for f in models.glob("*.gguf"):
-            f.unlink()
+    for f in (build / "llama.cpp" / "tests" / "test-models").glob("*.gguf"):
+        f.unlink()
 
 
 def sync_tree(src: Path, dest: Path) -> Path:
