@@ -38,6 +38,7 @@ class PR:
     name: str
     last: str  # subject of the PR's last patch
     checks: tuple[tuple[str, ...], ...] = ()  # extra commands, run in the build's bin/ folder
+    vulkan: bool = False  # build ggml-vulkan too (its checks run on the first Vulkan device: lavapipe here)
 
 
 PRS = (
@@ -56,6 +57,10 @@ PRS = (
     # the vector GELU (erf) of the CPU backend (the same encoder's MLP), independent of the rest
     PR("cpu-gelu", "ggml-cpu : vectorized GELU (erf) for F32",
        (("./test-backend-ops", "test", "-o", "GELU_ERF", "-b", "CPU"),)),
+    # S3D8 on ggml-vulkan (docs/gpu.md): the headers guard, the shaders and ops, the odd-slice test cases
+    PR("vulkan-s3d8", "tests : S3D8 cases at k = 4096 and with slices of an odd number of bytes",
+       (("env", "GGML_VK_VISIBLE_DEVICES=0", "./test-backend-ops", "test", "-b", "Vulkan0", "-p", "s3d8"),),
+       vulkan=True),
 )
 UPSTREAM_TOOLS = ("llama-cli", "llama-mtmd-cli", "llama-server", "llama-quantize", "llama-bench", "llama-perplexity",
                   "llama-imatrix", "llama-tokenize")
@@ -129,7 +134,7 @@ def check(pr: PR, prefix: list[Path], full: bool) -> bool:
             exclude = exclude.replace(")$", "|" + "|".join(LONG_TESTS) + ")$")
         build = [
             ["cmake", "--preset", "host", "-B", str(PR_BUILD), f"-DLLAMA_CPP_DIR={tree}", "-DS3D8_BUILD_TESTS=OFF",
-             "-DS3D8_UPSTREAM_TESTS=ON"],
+             "-DS3D8_UPSTREAM_TESTS=ON", f"-DGGML_VULKAN={'ON' if pr.vulkan else 'OFF'}"],
             # upstream's tools and tests only: this project's own tools (llama-mllama-dump) need the whole series
             ["cmake", "--build", str(PR_BUILD), "--target", *UPSTREAM_TOOLS, "upstream-tests"],
         ]

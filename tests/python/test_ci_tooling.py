@@ -491,17 +491,25 @@ def test_generated_models_of_another_prefix_are_cleared(tmp_path: Path) -> None:
 
 def test_the_prs_partition_the_series() -> None:
     """ci/check_prs.py: every patch of the series belongs to exactly one PR, in the order upstream merges them
-    (fixes, S3D8 with its GPTQ, mllama, KV types, then the CPU flash-attention kernel and the vector GELU-erf), and
-    no fix names our types or architecture; the last two PRs are one patch each that names none of them either."""
+    (fixes, S3D8 with its GPTQ, mllama, KV types, the CPU flash-attention kernel and the vector GELU-erf, then S3D8
+    on Vulkan), and no fix names our types or architecture; the two CPU kernel PRs are one patch each that names
+    none of them either, and the Vulkan PR starts with its headers guard, which names none of them."""
     import check_prs
     plan = check_prs.prefixes()
-    assert [pr.name for pr, _ in plan] == ["fixes", "s3d8", "mllama", "kv-types", "cpu-fa", "cpu-gelu"]
+    assert [pr.name for pr, _ in plan] == ["fixes", "s3d8", "mllama", "kv-types", "cpu-fa", "cpu-gelu", "vulkan-s3d8"]
+    vulkan = plan[-1][1][len(plan[-2][1]):]
+    assert [p.name for p in vulkan] == ["ggml-vulkan-build-with-Vulkan-headers-older-than-1.3.272.patch",
+                                        "ggml-vulkan-add-S3D8-MUL_MAT-MUL_MAT_ID-and-GET_ROWS.patch",
+                                        "tests-S3D8-cases-at-k-4096-and-with-slices-of-an-odd-number-of-bytes.patch"]
+    assert plan[-1][0].vulkan and not any(pr.vulkan for pr, _ in plan[:-1])
+    guard = "\n".join(ln for ln in vulkan[0].read_text().splitlines() if ln.startswith("+"))
+    assert "S3D8" not in guard and "s3d8" not in guard
     s3d8 = [p.name for p in plan[1][1][len(plan[0][1]):]]
     assert s3d8[0].startswith("ggml-add-GGML_TYPE_S3D8") and s3d8[-3:] == [
         "ggml-S3D8-GPTQ-with-a-given-Hessian-ggml_s3d8_quantize_gptq.patch",
         "imatrix-save-xtx-saves-each-weight-input-s-X-T-X-for-GPTQ.patch",
         "llama-quantize-hessian-runs-GPTQ-for-S3D8-tensors.patch"]
-    for i in (-1, -2):
+    for i in (-2, -3):
         assert len(plan[i][1]) - len(plan[i - 1][1]) == 1
         added = "\n".join(ln for ln in plan[i][1][-1].read_text().splitlines() if ln.startswith("+"))
         for word in ("S3D8", "s3d8", "HQQ", "TQ3_0", "cross_attn"):

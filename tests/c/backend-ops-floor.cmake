@@ -1,0 +1,26 @@
+# Runs test-backend-ops and fails unless it passed and ran at least MIN_CASES cases on every backend it tested.
+# Upstream's harness leaves "not supported" and filtered-out cases out of its count and exits 0 on "0/0 tests
+# passed", so the exit code alone cannot tell a run that tested nothing from one that passed.
+#   cmake -DEXE=<test-backend-ops> -DMIN_CASES=<n> "-DARGS=test;-b;CPU;-p;s3d8" -P backend-ops-floor.cmake
+if (NOT DEFINED EXE OR NOT DEFINED MIN_CASES OR NOT DEFINED ARGS)
+    message(FATAL_ERROR "usage: cmake -DEXE=... -DMIN_CASES=... -DARGS=... -P backend-ops-floor.cmake")
+endif()
+execute_process(COMMAND ${EXE} ${ARGS} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+message("${out}${err}")
+if (NOT rc EQUAL 0)
+    message(FATAL_ERROR "test-backend-ops exited with ${rc}")
+endif()
+string(REGEX MATCHALL "[0-9]+/[0-9]+ tests passed" counts "${out}")
+if (NOT counts)
+    message(FATAL_ERROR "test-backend-ops printed no \"N/M tests passed\" line: no backend was tested")
+endif()
+foreach (c IN LISTS counts)
+    string(REGEX MATCH "^([0-9]+)/([0-9]+)" _ "${c}")
+    if (NOT CMAKE_MATCH_1 EQUAL CMAKE_MATCH_2)
+        message(FATAL_ERROR "test-backend-ops: ${c}")
+    endif()
+    if (CMAKE_MATCH_2 LESS MIN_CASES)
+        message(FATAL_ERROR "test-backend-ops ran ${CMAKE_MATCH_2} cases on a backend, fewer than the ${MIN_CASES} this test states")
+    endif()
+endforeach()
+message("test-backend-ops: ${counts} (at least ${MIN_CASES} cases required)")
