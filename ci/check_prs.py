@@ -49,7 +49,7 @@ PRS = (
     PR("s3d8", "llama-quantize : --hessian runs GPTQ for S3D8 tensors",
        (("./test-backend-ops", "test", "-b", "CPU", "-p", "s3d8"),)),
     PR("mllama", "common : --image-max-tiles for llama-mtmd-cli and llama-server"),
-    PR("kv-types", "llama : Hadamard-rotate a quantized mllama cross-attention store"),
+    PR("kv-types", "llama : a KV cache whose type the layer's device cannot write stays in host memory"),
     # the CPU flash-attention kernel for long, short-headed attention (the mllama vision encoder): independent of the
     # rest, near the end so that no other patch is rebased over it
     PR("cpu-fa", "ggml-cpu : tiled flash attention with taller Q blocks, a mask summary and vector reductions",

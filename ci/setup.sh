@@ -34,9 +34,12 @@ if [[ $rest == yes ]]; then
     # clang + libclang-rt-14-dev (libFuzzer and the sanitizer runtimes of Debian 12's clang 14): the fuzz preset
     # chromium: the browser test of llama-server's web page only (tests/python/test_server_ui.py, headless)
     APT_PACKAGES=(build-essential cmake ninja-build ccache git pkg-config)
+    # mesa-vulkan-drivers (lavapipe: a software Vulkan 1.3 device on the CPU), libvulkan-dev, glslc, spirv-headers:
+    # the vulkan preset and its tests (docs/gpu.md)
     [[ $profile == main ]] || APT_PACKAGES+=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
                                              clang libclang-rt-14-dev
-                                             chromium)
+                                             chromium
+                                             mesa-vulkan-drivers libvulkan-dev glslc spirv-headers)
     missing=()
     for p in "${APT_PACKAGES[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The project's test command (README; .ci/run calls exactly this):
 #   set-up → build (both aarch64 variants, static, with llama-cli/llama-mtmd-cli/llama-mllama-dump, while the web page
-#   builds; then host) →
-#   lint (ruff + mypy over the Python tree, ci/lint.py) → pytest (tests/python/test_phone_path.py runs those aarch64 tools under qemu-aarch64 against x86) → CTest on
-#   x86 → CTest of both aarch64 builds under qemu-aarch64 -cpu max → upstream's own CTest suite (label main) on the
+#   builds; then host, then vulkan: ggml-vulkan with the tools its tests run, docs/gpu.md) →
+#   lint (ruff + mypy over the Python tree, ci/lint.py) → pytest (tests/python/test_phone_path.py runs those aarch64 tools under qemu-aarch64 against x86,
+#   tests/python/test_vulkan.py the vulkan build's on Mesa's lavapipe) → CTest on x86 → CTest of both aarch64 builds
+#   under qemu-aarch64 -cpu max → CTest of the vulkan build (label vulkan, on lavapipe) → upstream's own CTest suite (label main) on the
 #   patched tree → the series against every upstream tree of ci/upstream.py (ci/check_upstream.py) → the fuzz build (clang, ASan + UBSan) and its
 #   CTest: the regression inputs and a bounded run of every fuzz target (S3D8_FUZZ_SECONDS each, default 20;
 #   tests/fuzz) → one summary line "N passed, M failed".
@@ -29,9 +30,9 @@ timed() {
     printf '%s\t%d\n' "$name" $((SECONDS - t0)) >> "$results/timings.tsv"
     return $rc
 }
-presets=(aarch64-dotprod aarch64-i8mm host)
+presets=(aarch64-dotprod aarch64-i8mm host vulkan)
 if [[ "${S3D8_SKIP_CROSS:-0}" == 1 ]]; then
-    presets=(host)
+    presets=(host vulkan)
     echo "aarch64 builds skipped by S3D8_SKIP_CROSS=1" > "$results/skipped-cross.txt"
 fi
 

@@ -43,34 +43,21 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.mllama import harness, tiny_model as T
-from tests.mllama.margins import assert_decisive_chain, assert_same_argmax, margins, tie_bound
+from tests.mllama import harness
+from tests.mllama.builds import (ANSWER, MAX_MTMD_TOKENS, MIN_MTMD_TOKENS, TEXT_NAMES, TOL, VISION_NAMES, DumpRun,
+                                 TinyLlama, TinyMllama, assert_exact_s3d8, cli_answer, decisions, decisive_answer,
+                                 dump, finite_cols, leading_decisive, make_tiny_llama, make_tiny_mllama, mtmd_answer,
+                                 rel_err)
+from tests.mllama.margins import assert_decisive_chain, assert_same_argmax
 
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = ("aarch64-dotprod", "aarch64-i8mm")
 TOOLS = ("llama-cli", "llama-mtmd-cli", "llama-mllama-dump")
-TOL = 6e-2
-THREADS = "2"
-TIMEOUT = 900  # seconds per emulated run (measured: under 30 s each on a loaded 2-core machine)
-
-QUESTION = "What is the capital of France?"
-ANSWER = "It is Paris."
-IMAGE_QUESTION = "Describe this picture in one sentence, please."
-MIN_MTMD_TOKENS = 2
-MAX_MTMD_TOKENS = 8
-
-# graph tensors the dump tool writes besides the logits (tools/mllama-dump --dump-name)
-TEXT_NAMES = ("attn_norm-0", "Vcur-0", "result_norm", "result_output")
-VISION_NAMES = ("vision_out", "projected")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -117,14 +104,6 @@ def elf_header(path: Path) -> tuple[int, str | None]:
     return e_machine, None
 
 
-def run(cmd: list[str], what: str) -> bytes:
-    p = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
-    if p.returncode != 0:
-        raise AssertionError(f"{what} failed ({p.returncode}):\n{' '.join(cmd)}\n"
-                             f"{p.stderr.decode(errors='replace')[-4000:]}")
-    return p.stdout
-
-
 def tool(variant: str | None, name: str) -> list[str]:
     """The command prefix of a tool: the x86 build (variant None) or an aarch64 build under QEMU, without -L."""
     if variant is None:
@@ -139,148 +118,31 @@ def tool(variant: str | None, name: str) -> list[str]:
 # models
 
 
-def chat_ids(tok, content) -> list[int]:
-    enc = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True)
-    return list(enc["input_ids"]) if hasattr(enc, "keys") else list(enc)
-
-
-def gguf_types(path: Path) -> dict[str, str]:
-    import gguf
-
-    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
-
-
-@dataclass
-class TinyLlama:
-    gguf: Path
-    tok: object
-    ids: list[int]          # the chat prompt llama-cli feeds
-    chain: list[int]        # the greedy answer by construction, then end of turn
+# ---------------------------------------------------------------------------------------------------
+# models and runs (each once per module: the emulated ones take seconds to tens of seconds)
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> TinyLlama:
-    """A 2-layer Llama (hidden 1152, 9 heads / 3 kv heads, ffn 1280, the toy tokenizer of tests/mllama: 512 rows,
-    every matrix S3D8-eligible), converted to f32 by convert/to_gguf.py and quantised by llama-quantize to S3D8.
-
-    Weights are random (std 0.02; embeddings 0.1) except for the answer: the output row of each token of
-    ``ANSWER`` (and of end of turn) is the embedding of the token before it, the first after the prompt's last
-    token, so the greedy answer to any chat prompt is ``ANSWER`` with large margins."""
-    from transformers import AutoTokenizer
-
-    from convert.synthetic import llama_tensors, write_tiny_llama
-
-    tok_dir = T.get()
-    tok = AutoTokenizer.from_pretrained(tok_dir)
-    ids = chat_ids(tok, QUESTION)
-    chain = [ids[-1]] + tok.encode(ANSWER, add_special_tokens=False) + [T.EOT_ID]
-    assert len(set(chain)) == len(chain), f"the answer's tokens must be distinct: {chain}"
-
-    dims: dict[str, Any] = dict(hidden=1152, layers=2, heads=9, kv_heads=3, ffn=1280, vocab=512)
-    tensors = llama_tensors(**dims, tied=False, seed=0, std=0.02)
-    emb = (np.random.default_rng(1).standard_normal((512, 1152)) * 0.1).astype(np.float32)
-    tensors["model.embed_tokens.weight"] = emb
-    for prev, nxt in zip(chain[:-1], chain[1:]):
-        tensors["lm_head.weight"][nxt] = emb[prev] * (0.02 / 0.1)  # the std of the other rows
-    out = tmp_path_factory.mktemp("tiny-llama")
-    hf = write_tiny_llama(out / "hf", tok_dir, tensors=tensors, tied=False, **dims,
-                          config_overrides={"bos_token_id": T.BOS_ID, "eos_token_id": [T.EOS_ID, T.EOT_ID]})
-    f32, s3d8 = out / "f32.gguf", out / "s3d8.gguf"
-    run([sys.executable, "-m", "convert.to_gguf", str(hf), "--type", "f32", "--tokenizer-pre", "llama-bpe",
-         "-o", str(f32), "--no-progress"], "convert.to_gguf")
-    run([str(harness.binary("llama-quantize")), str(f32), str(s3d8), "S3D8", "2"], "llama-quantize")
-    f32.unlink()
-    types = gguf_types(s3d8)
-    matrices = {n: t for n, t in types.items() if not n.endswith("norm.weight")}
-    assert set(matrices.values()) == {"S3D8"} and len(matrices) == 2 + 7 * 2, types
-    return TinyLlama(s3d8, tok, ids, chain)
-
-
-@dataclass
-class TinyMllama:
-    text: Path
-    mmproj: Path
-    tok: object
-    ids: list[int]
-    image: Path
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")
 def tiny_mllama(tmp_path_factory) -> TinyMllama:
-    """The S3D8 tiny Llama 3.2 Vision of tests/python/test_mllama_s3d8.py (the same cached conversion) and a
-    one-tile image."""
-    from PIL import Image
-    from transformers import AutoTokenizer
-
-    model_dir = T.get()
-    text, mmproj = harness.convert(model_dir, None, "s3d8")
-    types = {**gguf_types(text), **gguf_types(mmproj)}
-    assert {n for n, t in types.items() if t not in ("S3D8", "F32")} == {"v.patch_embd.weight"}, types
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    ids = chat_ids(tok, [{"type": "image"}, {"type": "text", "text": IMAGE_QUESTION}])
-    image = tmp_path_factory.mktemp("image") / "img.png"
-    rng = np.random.default_rng(10)  # measured margins of the first 3 answer tokens: 0.21, 0.18, 0.14 (bound 0.12)
-    Image.fromarray(rng.integers(0, 256, (T.IMAGE_SIZE, T.IMAGE_SIZE, 3), dtype=np.uint8)).save(image)
-    return TinyMllama(text, mmproj, tok, ids, image)
-
-
-# ---------------------------------------------------------------------------------------------------
-# runs (each once per module: the emulated ones take seconds to tens of seconds)
-
-
-@dataclass
-class DumpRun:
-    prompt_logits: np.ndarray
-    step_logits: np.ndarray
-    tokens: list[int]
-    cross: list[np.ndarray]
-    tensors: dict[str, np.ndarray]
-
-
-def dump(variant: str | None, model: Path, ids: list[int], out: Path, *, n_steps: int, names: tuple[str, ...],
-         mmproj: Path | None = None, image: Path | None = None) -> DumpRun:
-    tdir = out / "tensors"
-    tdir.mkdir(parents=True, exist_ok=True)
-    cmd = tool(variant, "llama-mllama-dump") + [
-        "-m", str(model), "--tokens", ",".join(map(str, ids)), "--n-steps", str(n_steps), "-ctk", "f32",
-        "-ctv", "f32", "-fa", "off", "-t", THREADS, "-o", str(out), "--dump-tensors", str(tdir)]
-    for name in names:
-        cmd += ["--dump-name", name]
-    if mmproj is not None:
-        cmd += ["--mmproj", str(mmproj), "--image", str(image)]
-    run(cmd, "llama-mllama-dump")
-    return DumpRun(np.load(out / "prompt_logits.npy"), np.load(out / "step_logits.npy"),
-                   [int(t) for t in np.load(out / "tokens.npy")],
-                   [np.load(out / "cross_0.npy")] if image is not None else [],
-                   {name: np.load(tdir / f"{name}.npy") for name in names})
-
-
-def cli_answer(variant: str | None, model: TinyLlama, n_predict: int) -> bytes:
-    out = run(tool(variant, "llama-cli") + ["-m", str(model.gguf), "-p", QUESTION, "-n", str(n_predict), "-st",
-                                            "--temp", "0", "-t", THREADS, "-c", "256"], "llama-cli")
-    # the chat UI prints a banner, "> <prompt>", the answer, then "[ Prompt: ... t/s | Generation: ... ]"
-    marker = f"> {QUESTION}\n".encode()
-    assert marker in out and b"\n[ Prompt:" in out, out[-2000:]
-    return out.split(marker, 1)[1].split(b"\n[ Prompt:", 1)[0].strip(b"\n")
-
-
-def mtmd_answer(variant: str | None, model: TinyMllama, n_predict: int) -> bytes:
-    out = run(tool(variant, "llama-mtmd-cli") + [
-        "-m", str(model.text), "--mmproj", str(model.mmproj), "--image", str(model.image), "-p", IMAGE_QUESTION,
-        "-n", str(n_predict), "--temp", "0", "-t", THREADS, "-ctk", "f32", "-ctv", "f32", "-fa", "off"],
-        "llama-mtmd-cli")
-    return out.strip(b"\n")
+    return make_tiny_mllama(tmp_path_factory.mktemp("image"))
 
 
 @pytest.fixture(scope="module")
 def llama_x86(tiny_llama, tmp_path_factory) -> DumpRun:
-    return dump(None, tiny_llama.gguf, tiny_llama.ids, tmp_path_factory.mktemp("llama-x86"),
+    return dump(tool(None, "llama-mllama-dump"), tiny_llama.gguf, tiny_llama.ids,
+                tmp_path_factory.mktemp("llama-x86"),
                 n_steps=len(tiny_llama.chain) - 2, names=TEXT_NAMES)
 
 
 @pytest.fixture(scope="module")
 def mllama_x86(tiny_mllama, tmp_path_factory) -> DumpRun:
-    return dump(None, tiny_mllama.text, tiny_mllama.ids, tmp_path_factory.mktemp("mllama-x86"),
+    return dump(tool(None, "llama-mllama-dump"), tiny_mllama.text, tiny_mllama.ids,
+                tmp_path_factory.mktemp("mllama-x86"),
                 n_steps=MAX_MTMD_TOKENS, names=TEXT_NAMES + VISION_NAMES, mmproj=tiny_mllama.mmproj,
                 image=tiny_mllama.image)
 
@@ -295,10 +157,12 @@ def aarch64_dump(tiny_llama, tiny_mllama, tmp_path_factory):
         if key not in _runs:
             out = tmp_path_factory.mktemp(f"{which}-{variant}")
             if which == "llama":
-                _runs[key] = dump(variant, tiny_llama.gguf, tiny_llama.ids, out, n_steps=len(tiny_llama.chain) - 2,
+                _runs[key] = dump(tool(variant, "llama-mllama-dump"), tiny_llama.gguf, tiny_llama.ids, out,
+                                  n_steps=len(tiny_llama.chain) - 2,
                                   names=TEXT_NAMES)
             else:
-                _runs[key] = dump(variant, tiny_mllama.text, tiny_mllama.ids, out, n_steps=MAX_MTMD_TOKENS,
+                _runs[key] = dump(tool(variant, "llama-mllama-dump"), tiny_mllama.text, tiny_mllama.ids, out,
+                                  n_steps=MAX_MTMD_TOKENS,
                                   names=TEXT_NAMES + VISION_NAMES, mmproj=tiny_mllama.mmproj, image=tiny_mllama.image)
         return _runs[key]
     return get
@@ -308,75 +172,10 @@ def aarch64_dump(tiny_llama, tiny_mllama, tmp_path_factory):
 # checks
 
 
-def s3d8_reference(model: Path, name: str, x: np.ndarray) -> np.ndarray:
-    """The codec's integer reference of ``x @ W^T`` for the S3D8 tensor ``name`` (ggml's arithmetic, bit for bit)."""
-    import gguf
-
-    from gguf_s3d8.activations import quantize_activations
-    from gguf_s3d8.quantize import decode_int8
-    from gguf_s3d8.reference import epilogue, integer_matmul
-    from gguf_s3d8.scales import scales_to_fp32
-
-    t = next(t for t in gguf.GGUFReader(model).tensors if t.name == name)
-    assert t.tensor_type.name == "S3D8", (name, t.tensor_type.name)
-    w_int, alpha = decode_int8(np.asarray(t.data))
-    x_q, s_bits = quantize_activations(np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=np.float32))
-    return epilogue(integer_matmul(x_q, w_int), scales_to_fp32(s_bits), alpha).astype(np.float32)
+# ---------------------------------------------------------------------------------------------------
+# checks
 
 
-def assert_exact_s3d8(run_: DumpRun, text: Path, *, mmproj: Path | None = None, what: str) -> None:
-    """Each dumped S3D8 matmul output is the integer reference on the input this build computed."""
-    v = run_.tensors["Vcur-0"]
-    assert np.array_equal(v.reshape(-1, v.shape[-1] * (v.shape[-2] if v.ndim == 3 else 1)),
-                          s3d8_reference(text, "blk.0.attn_v.weight", run_.tensors["attn_norm-0"])), \
-        f"{what}: Vcur-0 is not the S3D8 integer reference of attn_norm-0"
-    logits = run_.tensors["result_output"]
-    want = s3d8_reference(text, "output.weight", run_.tensors["result_norm"])
-    logits = logits.reshape(-1, logits.shape[-1])
-    # mllama: the tokenizer has one more token than the output layer (<|image|>), whose logit is -inf
-    assert np.all(np.isneginf(logits[:, want.shape[1]:])), f"{what}: logits beyond the output layer are not -inf"
-    assert np.array_equal(logits[:, :want.shape[1]], want), \
-        f"{what}: the output layer is not the S3D8 integer reference of result_norm"
-    if mmproj is not None:
-        import gguf
-
-        bias = next(t for t in gguf.GGUFReader(mmproj).tensors if t.name == "mm.0.bias")
-        want = s3d8_reference(mmproj, "mm.0.weight", run_.tensors["vision_out"]) + np.asarray(bias.data, np.float32)
-        got = run_.tensors["projected"]
-        assert np.array_equal(got.reshape(want.shape), want), \
-            f"{what}: the vision projector is not the S3D8 integer reference (+ bias) of vision_out"
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a - b| / max |b| over the finite entries (the mllama output has -inf for <|image|>)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    fin = np.isfinite(b)
-    assert np.array_equal(fin, np.isfinite(a)), "the non-finite entries differ"
-    return float(np.max(np.abs(a[fin] - b[fin])) / max(np.max(np.abs(b[fin])), 1e-30))
-
-
-def finite_cols(logits: np.ndarray) -> np.ndarray:
-    return logits[:, np.isfinite(logits).all(axis=0)]
-
-
-def decisions(ref: DumpRun) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The greedy decisions of a dump, each with the array whose scale the tolerance is taken of."""
-    pl, sl = finite_cols(ref.prompt_logits), finite_cols(ref.step_logits) if ref.step_logits.size else None
-    return [(pl[-1], pl)] + ([(row, sl) for row in sl] if sl is not None else [])
-
-
-def leading_decisive(ref: DumpRun, tol: float) -> int:
-    """How many of the reference's greedy decisions, from the first on, lie outside the noise bound."""
-    n = 0
-    for row, arr in decisions(ref):
-        if float(margins(row)) <= tie_bound(arr, tol):
-            break
-        n += 1
-    return n
-
-
-# --- the binaries --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("variant", VARIANT_PARAMS)
@@ -400,14 +199,14 @@ def test_llama_reference_is_decisive(tiny_llama, llama_x86):
     the noise bound: the token comparisons below cannot hinge on a near tie."""
     assert llama_x86.tokens == tiny_llama.chain[1:], (llama_x86.tokens, tiny_llama.chain)
     assert_decisive_chain(decisions(llama_x86), TOL, what="tiny Llama answer")
-    assert cli_answer(None, tiny_llama, 16) == ANSWER.encode()
+    assert cli_answer(tool(None, "llama-cli"), tiny_llama, 16) == ANSWER.encode()
 
 
 @pytest.mark.parametrize("variant", VARIANT_PARAMS)
 def test_llama_cli_answers_like_x86(variant, tiny_llama, llama_x86):
     # the x86 chain is decisive (test above): within TOL of it, the emulated CLI must print the same answer
     assert_decisive_chain(decisions(llama_x86), TOL, what="tiny Llama answer")
-    assert cli_answer(variant, tiny_llama, 16) == ANSWER.encode()
+    assert cli_answer(tool(variant, "llama-cli"), tiny_llama, 16) == ANSWER.encode()
 
 
 @pytest.mark.parametrize("variant", VARIANT_PARAMS)
@@ -429,25 +228,15 @@ def test_llama_logits_against_x86(variant, tiny_llama, llama_x86, aarch64_dump):
 # --- llama-mtmd-cli on the tiny S3D8 Llama 3.2 Vision, with an image ----------------------------------
 
 
-def decisive_answer(tiny_mllama, mllama_x86) -> tuple[int, bytes]:
-    """The number n of leading greedy decisions of the x86 reference outside the noise bound (at least
-    MIN_MTMD_TOKENS, asserted) and the bytes of those tokens (end-of-turn tokens left out)."""
-    n = leading_decisive(mllama_x86, TOL)
-    assert n >= MIN_MTMD_TOKENS, (f"only {n} greedy decisions of the x86 reference lie outside the noise bound, "
-                                  f"{MIN_MTMD_TOKENS} needed: the image or the question must change")
-    answer = [t for t in mllama_x86.tokens[:n] if t not in (T.EOT_ID, T.EOS_ID)]
-    return n, T.token_bytes(tiny_mllama.tok, answer).strip(b"\n")
-
-
 def test_mllama_reference_is_decisive(tiny_mllama, mllama_x86):
     n, answer = decisive_answer(tiny_mllama, mllama_x86)
-    assert mtmd_answer(None, tiny_mllama, n) == answer
+    assert mtmd_answer(tool(None, "llama-mtmd-cli"), tiny_mllama, n) == answer
 
 
 @pytest.mark.parametrize("variant", VARIANT_PARAMS)
 def test_mtmd_cli_answers_like_x86(variant, tiny_mllama, mllama_x86):
     n, answer = decisive_answer(tiny_mllama, mllama_x86)
-    assert mtmd_answer(variant, tiny_mllama, n) == answer
+    assert mtmd_answer(tool(variant, "llama-mtmd-cli"), tiny_mllama, n) == answer
 
 
 @pytest.mark.parametrize("variant", VARIANT_PARAMS)

@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -125,6 +126,19 @@ struct tensor_dumper {
     std::string dir;
     std::vector<std::string> names; // --dump-name: exact names, besides the prefixes below
     bool enabled = true;
+    bool dump = true;               // write the wanted tensors (false: --placement alone)
+    // --placement: "OP<TAB>src0 type<TAB>buffer of the result" -> count, for every node that computes something
+    // (ggml_op_desc: unary and GLU ops by their own name); the scheduler allocates a node's result in a buffer of the
+    // backend that computes it, so the buffer names the backend
+    std::map<std::string, int> * placement = nullptr;
+
+    void record(const struct ggml_tensor * t) const {
+        if (placement && t->op != GGML_OP_NONE && t->op != GGML_OP_VIEW && t->op != GGML_OP_RESHAPE &&
+                t->op != GGML_OP_PERMUTE && t->op != GGML_OP_TRANSPOSE) {
+            (*placement)[std::string(ggml_op_desc(t)) + "\t" + (t->src[0] ? ggml_type_name(t->src[0]->type) : "-") +
+                         "\t" + (t->buffer ? ggml_backend_buffer_name(t->buffer) : "none")]++;
+        }
+    }
 
     bool wanted(const char * name) const {
         static const char * prefixes[] = { "local_inp", "global_inp", "layer_out-", "l_out-" };
@@ -141,7 +155,10 @@ struct tensor_dumper {
 
     static bool cb(struct ggml_tensor * t, bool ask, void * user_data) {
         auto * self = (tensor_dumper *) user_data;
-        if (!self->enabled || !self->wanted(t->name)) {
+        if (ask) {
+            self->record(t);
+        }
+        if (!self->enabled || !self->dump || !self->wanted(t->name)) {
             return !ask; // not observed; keep computing
         }
         if (ask) {
@@ -168,7 +185,12 @@ static void usage(const char * argv0) {
         "usage: %s -m TEXT.gguf [--mmproj MMPROJ.gguf --image IMG ...] [--cross STATES.npy --n-valid N ...]\n"
         "          --tokens ID,ID,... [--n-steps N] [-ctk TYPE] [-ctv TYPE] [-ctkx TYPE] [-ctvx TYPE] [-fa on|off|auto]\n"
         "          [-t N] -o OUTDIR\n"
-        "          [--dump-tensors DIR [--dump-name NAME ...]] [--state-roundtrip] [--image-max-tiles N]\n",
+        "          [--dump-tensors DIR [--dump-name NAME ...]] [--state-roundtrip] [--image-max-tiles N]\n"
+        "          [-ngl N] [-ub N] [--placement]\n"
+        "  -ub N         tokens per ubatch (default: the whole prompt in one)\n"
+        "  -ngl N        layers to offload to the first GPU device (default 0; the vision encoder too when N != 0)\n"
+        "  --placement   write OUTDIR/op_placement.tsv: every op that computes, by op, type of src0 and the buffer\n"
+        "                (= backend) of its result, with its count\n",
         argv0);
 }
 
@@ -200,6 +222,9 @@ int main(int argc, char ** argv) {
     int n_steps   = 0;
     int n_threads = 2;
     int image_max_tiles = -1;
+    int n_gpu_layers = 0;
+    int n_ubatch = 0;
+    bool placement = false;
     ggml_type type_k = GGML_TYPE_F16;
     ggml_type type_v = GGML_TYPE_F16;
     ggml_type type_k_cross = GGML_TYPE_COUNT; // = type_k
@@ -260,6 +285,12 @@ int main(int argc, char ** argv) {
                 state_roundtrip = true;
             } else if (a == "--image-max-tiles") {
                 image_max_tiles = std::stoi(next());
+            } else if (a == "-ub") {
+                n_ubatch = std::stoi(next());
+            } else if (a == "-ngl") {
+                n_gpu_layers = std::stoi(next());
+            } else if (a == "--placement") {
+                placement = true;
             } else {
                 usage(argv[0]);
                 return 2;
@@ -281,7 +312,7 @@ int main(int argc, char ** argv) {
     llama_backend_init();
 
     llama_model_params mparams = llama_model_default_params();
-    mparams.n_gpu_layers = 0;
+    mparams.n_gpu_layers = n_gpu_layers;
     llama_model * model = llama_model_load_from_file(model_path.c_str(), mparams);
     if (!model) {
         fprintf(stderr, "error: failed to load %s\n", model_path.c_str());
@@ -297,7 +328,7 @@ int main(int argc, char ** argv) {
     llama_context_params cparams = llama_context_default_params();
     cparams.n_ctx           = std::max(256, n_prompt + n_steps + 16);
     cparams.n_batch         = std::max(n_prompt, 64);
-    cparams.n_ubatch        = cparams.n_batch;
+    cparams.n_ubatch        = n_ubatch > 0 ? std::min<int>(n_ubatch, cparams.n_batch) : cparams.n_batch;
     cparams.n_seq_max       = 1;
     cparams.n_threads       = n_threads;
     cparams.n_threads_batch = n_threads;
@@ -308,10 +339,13 @@ int main(int argc, char ** argv) {
     cparams.flash_attn_type = fa;
     cparams.no_perf         = true;
 
+    std::map<std::string, int> op_placement;
     tensor_dumper dumper;
     dumper.dir = dump_dir;
     dumper.names = dump_names;
-    if (!dump_dir.empty()) {
+    dumper.dump = !dump_dir.empty();
+    dumper.placement = placement ? &op_placement : nullptr;
+    if (!dump_dir.empty() || placement) {
         cparams.cb_eval           = tensor_dumper::cb;
         cparams.cb_eval_user_data = &dumper;
     }
@@ -339,13 +373,13 @@ int main(int argc, char ** argv) {
 
         if (!mmproj_path.empty()) {
             mtmd_context_params mp = mtmd_context_params_default();
-            mp.use_gpu       = false;
+            mp.use_gpu       = n_gpu_layers != 0;
             mp.n_threads     = n_threads;
             mp.print_timings = false;
             mp.warmup        = false;
             mp.flash_attn_type = fa;
             mp.image_max_tiles = image_max_tiles;
-            if (!dump_dir.empty()) {
+            if (!dump_dir.empty() || placement) {
                 mp.cb_eval           = tensor_dumper::cb;
                 mp.cb_eval_user_data = &dumper;
             }
@@ -490,6 +524,15 @@ int main(int argc, char ** argv) {
         write_npy(out_dir + "/prompt_logits.npy", "<f4", prompt_logits.data(), sizeof(float), { (size_t) n_prompt, (size_t) n_vocab });
         write_npy(out_dir + "/step_logits.npy",   "<f4", step_logits.data(),   sizeof(float), { (size_t) n_steps,  (size_t) n_vocab });
         write_npy(out_dir + "/tokens.npy",        "<i4", out_tokens.data(),    sizeof(int32_t), { out_tokens.size() });
+        if (placement) {
+            std::ofstream f(out_dir + "/op_placement.tsv");
+            for (const auto & [key, count] : op_placement) {
+                f << key << "\t" << count << "\n";
+            }
+            if (!f) {
+                throw std::runtime_error("cannot write " + out_dir + "/op_placement.tsv");
+            }
+        }
     } catch (const std::exception & e) {
         fprintf(stderr, "error: %s\n", e.what());
         ret = 1;
