@@ -2,7 +2,7 @@
 """Sum the JUnit XML files of one test run and print the closing line ``N passed, M failed``.
 
 Skipped tests are listed and counted as failures: in this project a check that did not run is a check
-that did not pass. A build that failed (``build-*.failed``) or a suite that wrote no results counts as
+that did not pass - a pytest skip, an xfail, a CTest "Not Run" or "Disabled" test alike. A build that failed (``build-*.failed``) or a suite that wrote no results counts as
 one failure each, so a broken build can never look like a green run.
 """
 
@@ -23,10 +23,12 @@ def count(xml: Path, times: list[tuple[float, str]] | None = None) -> tuple[int,
         if times is not None:
             times.append((float(case.get("time") or 0.0), name))
         outcome = {child.tag for child in case}
-        if outcome & {"failure", "error"}:
+        # CTest marks a case that did not run with status="notrun" or "disabled" (and usually a <skipped> child)
+        status = (case.get("status") or "").lower()
+        if outcome & {"failure", "error"} or status in ("fail", "failed"):
             failed += 1
             bad.append(f"FAILED  {name}")
-        elif "skipped" in outcome:
+        elif "skipped" in outcome or status in ("notrun", "disabled"):
             failed += 1
             bad.append(f"SKIPPED {name} (counted as failed)")
         else:

@@ -520,3 +520,27 @@ def test_the_prs_partition_the_series() -> None:
         added = "\n".join(ln for ln in p.read_text().splitlines() if ln.startswith("+") or ln.startswith("Subject"))
         for word in ("S3D8", "s3d8", "mllama", "HQQ", "TQ3_0", "cross_attn"):
             assert word not in added, (p.name, word)
+
+
+def test_summary_counts_every_kind_of_non_run_as_a_failure(tmp_path: Path, capsys) -> None:
+    """The README's rule "a skipped test counts as a failure" for every way a case can not pass: a pytest skip, an
+    error, a failure, and CTest's "Disabled" and "Not Run" cases (status attribute, with or without a <skipped>
+    child); only the plain passed case and CTest's status="run" count as passed."""
+    (tmp_path / "pytest.xml").write_text(
+        '<testsuite>'
+        '<testcase classname="t" name="passed"/>'
+        '<testcase classname="t" name="skipped"><skipped message="no device"/></testcase>'
+        '<testcase classname="t" name="errored"><error message="fixture"/></testcase>'
+        '<testcase classname="t" name="failed"><failure message="assert"/></testcase>'
+        '</testsuite>')
+    (tmp_path / "ctest-host.xml").write_text(
+        '<testsuite>'
+        '<testcase name="ran" classname="ran" status="run"/>'
+        '<testcase name="disabled" classname="disabled" status="disabled"><skipped message="Disabled"/></testcase>'
+        '<testcase name="notrun" classname="notrun" status="notrun"/>'
+        '</testsuite>')
+    assert summarize.main(tmp_path) == 1
+    out = capsys.readouterr().out
+    assert out.strip().endswith("2 passed, 5 failed")
+    for name in ("skipped", "disabled", "notrun"):
+        assert "SKIPPED " in out and f"::{name}" in out, (name, out)
