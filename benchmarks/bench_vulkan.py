@@ -8,7 +8,7 @@ type's ratio to Q4_0 measured in the same run; with the device's name as the dri
 phone's or a desktop's GPU: the report says which device it was, and a GPU run belongs next to it.
 
     bash ci/build.sh vulkan
-    .venv/bin/python benchmarks/bench_vulkan.py                 # measures, writes docs/benchmarks-vulkan.json and
+    .venv/bin/python benchmarks/bench_vulkan.py                 # one token (--tokens 1 512 on a GPU); measures, writes docs/benchmarks-vulkan.json and
                                                                 # the section "Vulkan (MUL_MAT)" of docs/benchmarks.md
     .venv/bin/python benchmarks/bench_vulkan.py --report-only   # the section again from the kept results
 """
@@ -32,7 +32,7 @@ BIN = ROOT / "build" / "vulkan" / "bin"
 DOC = ROOT / "docs" / "benchmarks.md"
 RESULTS = ROOT / "docs" / "benchmarks-vulkan.json"
 TYPES = ("s3d8", "q4_0", "q2_K", "iq2_s")
-TOKENS = (1, 512)
+TOKENS = (1, 512)  # --tokens: lavapipe takes minutes per 512-token case, so run those on a GPU
 M, K = 4096, 14336
 
 LINE = re.compile(r"MUL_MAT\(type_a=(\w+),type_b=f32,m=(\d+),n=(\d+),k=(\d+),bs=\[1,1\],nr=\[1,1\].*?:\s+(\d+) runs - "
@@ -40,11 +40,11 @@ LINE = re.compile(r"MUL_MAT\(type_a=(\w+),type_b=f32,m=(\d+),n=(\d+),k=(\d+),bs=
 DEVICE = re.compile(r"ggml_vulkan: (\d+) = (.+)")
 
 
-def measure(device: int) -> dict[str, Any]:
+def measure(device: int, tokens: tuple[int, ...]) -> dict[str, Any]:
     exe = BIN / "test-backend-ops"
     if not exe.exists():
         sys.exit(f"missing {exe}: build the vulkan preset first (bash ci/build.sh vulkan)")
-    pattern = f"type_a=({'|'.join(TYPES)}),type_b=f32,m={M},n=({'|'.join(map(str, TOKENS))}),k={K},bs=\\[1,1\\],nr=\\[1,1\\]"
+    pattern = f"type_a=({'|'.join(TYPES)}),type_b=f32,m={M},n=({'|'.join(map(str, tokens))}),k={K},bs=\\[1,1\\],nr=\\[1,1\\]"
     env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": str(device)}
     proc = run([str(exe), "perf", "-o", "MUL_MAT", "-b", "Vulkan0", "-p", pattern], capture_output=True, text=True,
                errors="replace", env=env)
@@ -55,11 +55,11 @@ def measure(device: int) -> dict[str, Any]:
         rate_f = float(rate) * (1000 if unit == "TFLOPS" else 1)
         rows.append({"type": t, "m": int(m), "n": int(n), "k": int(k), "runs": int(runs), "us": float(us),
                      "rate": rate_f, "unit": "GB/s" if unit == "GB/s" else "GFLOPS"})
-    missing = {(t, n) for t in TYPES for n in TOKENS} - {(r["type"], r["n"]) for r in rows}
+    missing = {(t, n) for t in TYPES for n in tokens} - {(r["type"], r["n"]) for r in rows}
     if missing:
         sys.exit(f"test-backend-ops printed no perf line for {sorted(missing)}:\n{out[-3000:]}")
     return {"date": str(datetime.date.today()), "device": names.get("0", "unknown"), "host_cpu": cpu_name(),
-            "cpus": os.cpu_count(), "rows": rows,
+            "cpus": os.cpu_count(), "tokens": list(tokens), "rows": rows,
             "command": f"GGML_VK_VISIBLE_DEVICES={device} build/vulkan/bin/test-backend-ops perf -o MUL_MAT -b Vulkan0 "
                        f"-p '{pattern}'"}
 
@@ -69,7 +69,7 @@ def report(res: dict[str, Any]) -> str:
     lines = ["## Vulkan (MUL_MAT)", "", f"Device: **{res['device']}** (host CPU {res['host_cpu']}, {res['cpus']} cores), {res['date']}. "
              f"`test-backend-ops perf -o MUL_MAT` of the vulkan build, m = {M}, k = {K}; ratio = Q4_0's time / the "
              "type's (above 1: faster than Q4_0), measured in the same run.", ""]
-    for n in TOKENS:
+    for n in res["tokens"]:
         unit = by[(TYPES[0], n)]["unit"]
         lines += [f"**{n} token{'s' if n > 1 else ''}**", "", f"| type | us/run | {unit} | ratio to Q4_0 |",
                   "|---|---:|---:|---:|"]
@@ -86,6 +86,8 @@ def report(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", type=int, default=0, help="Vulkan device index (GGML_VK_VISIBLE_DEVICES), default 0")
+    ap.add_argument("--tokens", type=int, nargs="+", choices=TOKENS, default=[1],
+                    help="activation rows (default 1; add 512 on a GPU: a software device takes minutes a case)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the section from the kept results")
     args = ap.parse_args(argv)
     if args.report_only:
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"no kept results in {RESULTS}: run without --report-only first")
         res = json.loads(RESULTS.read_text())
     else:
-        res = measure(args.device)
+        res = measure(args.device, tuple(args.tokens))
         atomic_write(RESULTS, (json.dumps(res, indent=1) + "\n").encode())
     write_section(DOC, "vulkan", report(res))
     print(report(res))
