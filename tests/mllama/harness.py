@@ -32,13 +32,17 @@ def binary(name: str) -> Path:
 
 
 def _code_hash() -> str:
-    """Hash of the converter and codec sources: cached conversions are redone when they change."""
+    """Hash of everything a conversion runs: this project's converter and codec, and the patched tree's converter and
+    gguf-py (upstream's code with the series' patches applied: a patch to either, or another pin, changes the bytes);
+    cached conversions are redone when any of it changes."""
     import hashlib
 
     h = hashlib.sha256()
     files = [p for folder in ("convert", "gguf_s3d8") for p in sorted((REPO_ROOT / folder).glob("*.py"))]
+    tree = REPO_ROOT / "work" / "llama.cpp"
+    files += sorted(tree.glob("convert_hf_to_gguf*.py")) + sorted((tree / "gguf-py" / "gguf").rglob("*.py"))
     for f in files + [Path(__file__)]:  # this file too: it sets the conversion options
-        h.update(f.name.encode())
+        h.update(str(f.relative_to(REPO_ROOT) if f.is_relative_to(REPO_ROOT) else f.name).encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:12]
 

@@ -544,3 +544,23 @@ def test_summary_counts_every_kind_of_non_run_as_a_failure(tmp_path: Path, capsy
     assert out.strip().endswith("2 passed, 5 failed")
     for name in ("skipped", "disabled", "notrun"):
         assert "SKIPPED " in out and f"::{name}" in out, (name, out)
+
+
+def test_conversion_cache_key_covers_the_patched_converter_and_gguf_py(tmp_path: Path, monkeypatch) -> None:
+    """tests/mllama/harness.py caches conversions under a hash of what converts: a change to the patched tree's
+    converter or gguf-py (a series patch, another pin) must give another key, as a change to convert/ does (issue 50,
+    item 3: the key left the patches out, so a stale conversion survived a converter patch)."""
+    from tests.mllama import harness
+
+    tree = tmp_path / "work" / "llama.cpp"
+    files = {tmp_path / "convert" / "to_gguf.py": "a", tmp_path / "gguf_s3d8" / "codec.py": "b",
+             tree / "convert_hf_to_gguf.py": "c", tree / "gguf-py" / "gguf" / "constants.py": "d"}
+    for f, text in files.items():
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    monkeypatch.setattr(harness, "REPO_ROOT", tmp_path)
+    keys = {harness._code_hash()}
+    for f in files:
+        f.write_text(f.read_text() + "# changed")
+        keys.add(harness._code_hash())
+    assert len(keys) == 1 + len(files), "a converter input left out of the conversion cache key"
