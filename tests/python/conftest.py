@@ -41,6 +41,23 @@ def smollm2_f16_and_text(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     return f16, text
 
 
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny S3D8 Llama whose greedy answer is fixed by construction (tests/mllama/builds.py), once per module:
+    the builds compared with the x86 one (test_phone_path.py, test_vulkan.py) run it."""
+    from tests.mllama.builds import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def tiny_mllama(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny S3D8 Llama 3.2 Vision (the cached conversion of tests/mllama) and a one-tile image, once per module."""
+    from tests.mllama.builds import make_tiny_mllama
+
+    return make_tiny_mllama(tmp_path_factory.mktemp("image"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "browser: drives headless Chromium against llama-server's web page "
                                        "(tests/browser; `-m browser` runs only these)")

@@ -50,8 +50,8 @@ import pytest
 
 from tests.mllama import harness
 from tests.mllama.builds import (ANSWER, MAX_MTMD_TOKENS, MIN_MTMD_TOKENS, TEXT_NAMES, TOL, VISION_NAMES, DumpRun,
-                                 TinyLlama, TinyMllama, assert_exact_s3d8, cli_answer, decisions, decisive_answer,
-                                 dump, finite_cols, leading_decisive, make_tiny_llama, make_tiny_mllama, mtmd_answer,
+                                 assert_exact_s3d8, cli_answer, decisions, decisive_answer,
+                                 dump, finite_cols, leading_decisive, mtmd_answer,
                                  rel_err)
 from tests.mllama.margins import assert_decisive_chain, assert_same_argmax
 
@@ -120,16 +120,6 @@ def tool(variant: str | None, name: str) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------
 # models and runs (each once per module: the emulated ones take seconds to tens of seconds)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory) -> TinyLlama:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-
-
-@pytest.fixture(scope="module")
-def tiny_mllama(tmp_path_factory) -> TinyMllama:
-    return make_tiny_mllama(tmp_path_factory.mktemp("image"))
 
 
 @pytest.fixture(scope="module")

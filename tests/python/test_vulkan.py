@@ -33,8 +33,8 @@ import requests
 
 from tests.mllama import harness, llama_server
 from tests.mllama.builds import (ANSWER, MAX_MTMD_TOKENS, TEXT_NAMES, TOL, VISION_NAMES, DumpRun, IMAGE_QUESTION,
-                                 TinyLlama, TinyMllama, assert_exact_s3d8, cli_answer, decisions, decisive_answer,
-                                 dump, finite_cols, leading_decisive, make_tiny_llama, make_tiny_mllama, mtmd_answer,
+                                 assert_exact_s3d8, cli_answer, decisions, decisive_answer,
+                                 dump, finite_cols, leading_decisive, mtmd_answer,
                                  rel_err)
 from tests.mllama.margins import assert_decisive_chain, assert_same_argmax
 
@@ -81,16 +81,6 @@ def cpu(name: str) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------
 # models and runs (each once per module)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory) -> TinyLlama:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-
-
-@pytest.fixture(scope="module")
-def tiny_mllama(tmp_path_factory) -> TinyMllama:
-    return make_tiny_mllama(tmp_path_factory.mktemp("image"))
 
 
 def read_placement(out: Path) -> list[tuple[str, str, str, int]]:
