@@ -36,7 +36,9 @@ TOKENS = (1, 512)  # --tokens: lavapipe takes minutes per 512-token case, so run
 M, K = 4096, 14336
 
 LINE = re.compile(r"MUL_MAT\(type_a=(\w+),type_b=f32,m=(\d+),n=(\d+),k=(\d+),bs=\[1,1\],nr=\[1,1\].*?:\s+(\d+) runs - "
-                  r"\s*([\d.]+) us/run - .*? - \s*([\d.]+) (GB/s|GFLOPS|TFLOPS)")
+                  r"\s*([\d.]+) us/run - .*? - \s*([\d.]+) (GB/s|MFLOPS|GFLOPS|TFLOPS)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SCALE = {"MFLOPS": 1e-3, "GFLOPS": 1.0, "TFLOPS": 1e3, "GB/s": 1.0}
 DEVICE = re.compile(r"ggml_vulkan: (\d+) = (.+)")
 
 
@@ -48,17 +50,21 @@ def measure(device: int, tokens: tuple[int, ...]) -> dict[str, Any]:
     env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": str(device)}
     proc = run([str(exe), "perf", "-o", "MUL_MAT", "-b", "Vulkan0", "-p", pattern], capture_output=True, text=True,
                errors="replace", env=env)
-    out = proc.stdout + proc.stderr
+    return results(proc.stdout + proc.stderr, device, tokens, pattern)
+
+
+def results(output: str, device: int, tokens: tuple[int, ...], pattern: str) -> dict[str, Any]:
+    """The results of one test-backend-ops perf run from its output."""
+    out = ANSI.sub("", output)  # test-backend-ops colours the rate
     names = dict(DEVICE.findall(out))
     rows = []
     for t, m, n, k, runs, us, rate, unit in LINE.findall(out):
-        rate_f = float(rate) * (1000 if unit == "TFLOPS" else 1)
         rows.append({"type": t, "m": int(m), "n": int(n), "k": int(k), "runs": int(runs), "us": float(us),
-                     "rate": rate_f, "unit": "GB/s" if unit == "GB/s" else "GFLOPS"})
+                     "rate": float(rate) * SCALE[unit], "unit": "GB/s" if unit == "GB/s" else "GFLOPS"})
     missing = {(t, n) for t in TYPES for n in tokens} - {(r["type"], r["n"]) for r in rows}
     if missing:
         sys.exit(f"test-backend-ops printed no perf line for {sorted(missing)}:\n{out[-3000:]}")
-    return {"date": str(datetime.date.today()), "device": names.get("0", "unknown"), "host_cpu": cpu_name(),
+    return {"date": str(datetime.date.today()), "device": names.get("0", "unknown").split(" | ")[0], "host_cpu": cpu_name(),
             "cpus": os.cpu_count(), "tokens": list(tokens), "rows": rows,
             "command": f"GGML_VK_VISIBLE_DEVICES={device} build/vulkan/bin/test-backend-ops perf -o MUL_MAT -b Vulkan0 "
                        f"-p '{pattern}'"}
@@ -78,6 +84,9 @@ def report(res: dict[str, Any]) -> str:
             r = by[(t, n)]
             lines.append(f"| {t.upper()} | {r['us']:.1f} | {r['rate']:.2f} | {q4 / r['us']:.2f} |")
         lines.append("")
+    if "llvmpipe" in res["device"]:
+        lines += ["This is Mesa's lavapipe, a software device: the shaders ran on the CPU cores behind it, so the ratios say "
+                  "nothing about a GPU (docs/gpu.md). " + res.get("note", ""), ""]
     lines += ["Reproduce: `bash ci/build.sh vulkan && .venv/bin/python benchmarks/bench_vulkan.py` (the command it "
               f"runs: `{res['command']}`)."]
     return "\n".join(lines)
