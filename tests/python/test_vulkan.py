@@ -125,13 +125,18 @@ def assert_s3d8_matmuls_on_vulkan(placement: list[tuple[str, str, str, int]], wh
     assert on_gpu > 0, f"{what}: no S3D8 MUL_MAT ran on {DEVICE}: {placement}"
 
 
+def assert_all_on_vulkan_but_embedding(placement: list[tuple[str, str, str, int]], what: str) -> None:
+    """Every S3D8 matmul on the GPU, and every other op too, but the token embedding's GET_ROWS (libllama keeps the
+    input layer in host memory)."""
+    assert_s3d8_matmuls_on_vulkan(placement, what)
+    off = {(op, src0) for op, src0, buf, _ in placement if buf != DEVICE}
+    assert off <= {("GET_ROWS", "s3d8")}, f"{what}: ops off the GPU: {sorted(off)}"
+
+
 def test_llama_ops_on_vulkan(llama_runs):
     """Every S3D8 MUL_MAT of the tiny Llama runs on the GPU, and so does the rest of the layers' work."""
     _, _, placement = llama_runs
-    assert_s3d8_matmuls_on_vulkan(placement, "tiny Llama")
-    # the only work left on the CPU: the token embedding's GET_ROWS (libllama keeps the input layer in host memory)
-    off = {(op, src0) for op, src0, buf, _ in placement if buf != DEVICE}
-    assert off <= {("GET_ROWS", "s3d8")}, f"tiny Llama: ops off the GPU: {sorted(off)}"
+    assert_all_on_vulkan_but_embedding(placement, "tiny Llama")
 
 
 def test_llama_logits_on_vulkan(tiny_llama, llama_runs):
@@ -159,9 +164,7 @@ def test_mllama_ops_on_vulkan(mllama_runs):
     """The S3D8 matmuls of the text model (with cross-attention) and of the vision encoder run on the GPU; every op
     that does not is one ggml-vulkan reports unsupported (the list is docs/gpu.md's table)."""
     _, _, placement = mllama_runs
-    assert_s3d8_matmuls_on_vulkan(placement, "tiny mllama")
-    off = sorted({(op, src0) for op, src0, buf, _ in placement if buf != DEVICE})
-    assert off <= [("GET_ROWS", "s3d8")], f"tiny mllama: ops off the GPU: {off}"
+    assert_all_on_vulkan_but_embedding(placement, "tiny mllama")
 
 
 def test_mllama_logits_on_vulkan(tiny_mllama, mllama_runs):
