@@ -2,7 +2,7 @@
 
 llama.cpp's maintainers judge a quantised type by the KL divergence and perplexity against the f16 model that
 ``llama-perplexity --kl-divergence`` prints; the main job (``tools/main_job.py``), the KV-cache benchmark
-(``benchmarks/kv_cache.py``), the fit study (``benchmarks/s3d8_fit_streams.py``) and the KV-cache tests read
+(``benchmarks/kv_cache.py``), the fit study (``research/s3d8_fit_streams.py``) and the KV-cache tests read
 those lines here:
 
 * a base run (``--kl-divergence-base FILE`` without ``--kl-divergence``) prints

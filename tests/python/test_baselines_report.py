@@ -1,11 +1,11 @@
-"""The baseline sweep's report (qat/experiments/baselines_smollm2.py): Pareto lines, QAT rows, tables, plots."""
+"""The baseline sweep's report (research/baselines_smollm2.py): Pareto lines, QAT rows, tables, plots."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from qat.experiments.baselines_smollm2 import load_qat, pareto_front, write_report
+from research.baselines_smollm2 import load_qat, pareto_front, write_report
 
 CONFIG = {"version": 1, "ctx": 512, "eval_tokens": 2048, "calib_tokens": 8192,
           "model": "SmolLM2-135M-Instruct (Q4_1 GGUF -> fp32)"}

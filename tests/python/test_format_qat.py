@@ -52,7 +52,7 @@ def run(request, small, tmp_path_factory) -> tuple[str, Path]:
 
 
 def test_format_ids_round_trip_and_match_the_sweep() -> None:
-    from qat.experiments.baselines_smollm2 import plan
+    from research.baselines_smollm2 import plan
 
     for sid in ("int6_g128", "int16_g32_affine", "studentt6_g128", "lloydmax6", "s3d8"):
         assert format_id(format_from_id(sid)) == sid

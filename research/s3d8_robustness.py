@@ -19,8 +19,8 @@ gguf_s3d8.importance as it is (a candidate encoder is added to ``ENCODERS``).
 
 Needs the main job's cache (``bash ci/main.sh``) and ``build/host``. Run:
 
-    python benchmarks/s3d8_robustness.py --encoder iw1 --seeds 0 1 2 3 4 --imatrices t2 t1 pert \\
-        --json docs/s3d8_robustness.jsonl
+    python research/s3d8_robustness.py --encoder iw1 --seeds 0 1 2 3 4 --imatrices t2 t1 pert \\
+        --json research/results/s3d8_robustness.jsonl
 """
 
 from __future__ import annotations

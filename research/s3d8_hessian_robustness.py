@@ -1,7 +1,7 @@
 """S3D8 + imatrix with and without the last layer's X^T X, over imatrices that differ only in rounding (issue 34).
 
-``benchmarks/s3d8_robustness.py`` showed that ``llama-quantize --imatrix``'s S3D8 (iw1) depends on the imatrix's
-last digits through one matrix, the last layer's ``ffn_down``, and ``benchmarks/s3d8_last_layer.py`` that no local
+``research/s3d8_robustness.py`` showed that ``llama-quantize --imatrix``'s S3D8 (iw1) depends on the imatrix's
+last digits through one matrix, the last layer's ``ffn_down``, and ``research/s3d8_last_layer.py`` that no local
 measure can pick the good encoding there but GPTQ with the real X^T X moves far below all of them. This script
 measures the product of that, with the C tools only, on the main job's setting (SmolLM2-135M-Instruct, the 30
 ``ffn_down`` in S3D8, Q8_0 elsewhere, KLD against f16 with the main job's ``llama-perplexity`` command):
@@ -19,7 +19,7 @@ for the variants
 
 Needs the main job's cache (``bash ci/main.sh``: it makes ``xtx-last-layer.gguf`` too) and ``build/host``. Run:
 
-    .venv/bin/python benchmarks/s3d8_hessian_robustness.py --json docs/s3d8_hessian_robustness.json
+    .venv/bin/python research/s3d8_hessian_robustness.py --json research/results/s3d8_hessian_robustness.json
 """
 
 from __future__ import annotations

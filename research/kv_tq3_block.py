@@ -6,7 +6,7 @@ scale per 32 values against the same quantiser with one scale per 64 and per 128
   kv-rot    K-like rows (log-normal channel scales, 4 outlier channels x12, per-channel offsets, head 128)
             after the pinned tree's 64-point Hadamard rotation
   kv-norot  the same rows without rotation
-and, for scale, the 4-bit HQQ types and Q4_1-style min/max. Run: python benchmarks/kv_tq3_block.py
+and, for scale, the 4-bit HQQ types and Q4_1-style min/max. Run: python research/kv_tq3_block.py
 """
 
 from __future__ import annotations

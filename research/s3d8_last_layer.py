@@ -1,6 +1,6 @@
 """Why no layer-local objective picks the good S3D8 encoding of SmolLM2's last ``ffn_down`` (issue 34).
 
-``benchmarks/s3d8_robustness.py`` found the whole machine-to-machine lottery of S3D8 + imatrix in one matrix,
+``research/s3d8_robustness.py`` found the whole machine-to-machine lottery of S3D8 + imatrix in one matrix,
 ``blk.29.ffn_down`` (docs/quality.md, "The lottery, localised"). This script measures, for iw1 encodings of that
 matrix (k-means seeds x imatrix variants), how much each one costs the model and which error measure an encoder
 could have used to tell them apart:
@@ -25,8 +25,8 @@ Each measure's Spearman rank correlation with the layer KLD is reported. Needs t
 (``bash ci/main.sh``), the HF checkpoint it converted (``.cache/models/SmolLM2-135M-Instruct-hf``) and torch.
 Run (about 1 minute per encoding on 2 cores):
 
-    .venv/bin/python benchmarks/s3d8_last_layer.py --encoders iw1 gptq --seeds 0 1 2 3 4 --imatrices t2 pert \\
-        --json docs/s3d8_last_layer.json
+    .venv/bin/python research/s3d8_last_layer.py --encoders iw1 gptq --seeds 0 1 2 3 4 --imatrices t2 pert \\
+        --json research/results/s3d8_last_layer.json
 """
 
 from __future__ import annotations

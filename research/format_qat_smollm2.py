@@ -3,11 +3,11 @@
 
 For each format id (default the ~2.7-bit ones: ``int6_g128 studentt6_g128 lloydmax6 s3d8``):
 
-1. ``qat.train --format ID`` on self-generated data (``--data``, as ``qat/experiments/smollm2_qat.py``): a
+1. ``qat.train --format ID`` on self-generated data (``--data``, as ``research/smollm2_qat.py``): a
    simulation student in the baseline sweep's scope (every Linear, the tied lm_head / embedding once; activations
    unquantised), the format's tables / codebook fitted once on the teacher and frozen, scales from the current
    weights every step. Runs live in ``--run-root/ID-<hash of the settings>`` and resume from their checkpoints.
-2. Evaluation exactly as ``qat/experiments/baselines_smollm2.py``: ``qat.text_eval.evaluate`` against the
+2. Evaluation exactly as ``research/baselines_smollm2.py``: ``qat.text_eval.evaluate`` against the
    sweep's ``TeacherCache`` on the same windows of ``wiki_text('eval')`` (``--ctx 512 --eval-tokens 2048``), so the
    numbers sit directly next to ``docs/baselines.json``. The student at step 0 (the run's frozen fits, the
    teacher's weights) is evaluated too: it is the sweep's direct cast, a check that the two agree.
@@ -20,7 +20,7 @@ M minutes; ``--stop-after N`` trains at most N steps per format per invocation (
 evaluated; rerun to continue). Learning rate: the recipe's baseline rule 2^-(log2(K) + 14) for K levels (S3D8:
 2^-17, i.e. 3 bits) unless ``--lr`` sets one for all formats.
 
-    nice -n 10 .venv/bin/python qat/experiments/format_qat_smollm2.py --data .cache/qat-proof/train.jsonl \\
+    nice -n 10 .venv/bin/python research/format_qat_smollm2.py --data .cache/qat-proof/train.jsonl \\
         --steps 300 --batch 2 --seq-len 192 --lr 1e-4
 """
 
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="train at most N steps per format in this invocation (rerun to continue)")
     p.add_argument("--budget-min", type=float, default=None,
                    help="start no new format after this many minutes (results so far are kept)")
-    p.add_argument("--json", type=Path, default=REPO / "qat" / "experiments" / "format_qat_smollm2.json")
+    p.add_argument("--json", type=Path, default=REPO / "research" / "results" / "format_qat_smollm2.json")
     a = p.parse_args(argv)
 
     from qat.formats import format_family, format_from_id

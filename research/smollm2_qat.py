@@ -23,7 +23,7 @@ from qat.train import add_run_options, main as train_main, run_argv
 from qat.training.data import load_examples
 from qat.training.models import build_student, student_from_checkpoint
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def gguf_bits_per_param(teacher_dir: Path) -> float:
@@ -79,7 +79,7 @@ def main() -> int:
     p.add_argument("--init-from", type=Path, default=None, metavar="FILE",
                    help="passed to qat.train: start from these S3D8 containers (python -m qat.gptq_s3d8) instead of "
                         "the direct cast; the step-0 evaluation is then that start")
-    p.add_argument("--json", type=Path, default=REPO / "qat" / "experiments" / "smollm2_qat.json")
+    p.add_argument("--json", type=Path, default=REPO / "research" / "results" / "smollm2_qat.json")
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "qat.png")
     a = p.parse_args()
     torch.set_num_threads(a.threads)

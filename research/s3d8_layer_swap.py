@@ -9,7 +9,7 @@ one's. Without ``--imatrix`` the encoder runs as without an imatrix (its data-fr
 Needs the main job's cache (``bash ci/main.sh``) and ``build/host``. Run (docs/quality.md's localisation of
 the layer-11 lottery was made with uniform weights, the encoder before 2026-12-03):
 
-    python benchmarks/s3d8_layer_swap.py --good 0 --bad 1 --ranges 0-30 0-10 10-20 20-30 29-30
+    python research/s3d8_layer_swap.py --good 0 --bad 1 --ranges 0-30 0-10 10-20 20-30 29-30
 """
 
 from __future__ import annotations

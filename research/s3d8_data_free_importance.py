@@ -6,7 +6,7 @@ column j would be ``E[silu(a)^2] * ||up_j * g||^2`` with ``a ~ N(0, ||gate_j * g
 that estimate (and two cruder ones) with the real importance matrix of the main job (``llama-imatrix`` on
 64 x 512 training tokens), per layer, by the correlation of the logarithms and by rank correlation.
 
-    python benchmarks/s3d8_data_free_importance.py     # needs the main job's cache (bash ci/main.sh)
+    python research/s3d8_data_free_importance.py     # needs the main job's cache (bash ci/main.sh)
 """
 
 from __future__ import annotations

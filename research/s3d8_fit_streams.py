@@ -13,7 +13,7 @@ one of four fits, all on iw1's training histogram and with iw1's weight-space as
 then measures KLD against the f16 model with the main job's own ``llama-perplexity`` command (24 x 512 held-out
 tokens). Needs the main job's cache (``bash ci/main.sh``) and ``build/host``. Run:
 
-    python benchmarks/s3d8_fit_streams.py --fit A --seed 0     # KLD 1.221, as docs/quality.md
+    python research/s3d8_fit_streams.py --fit A --seed 0     # KLD 1.221, as docs/quality.md
 """
 
 from __future__ import annotations

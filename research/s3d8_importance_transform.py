@@ -21,7 +21,7 @@ tokens), for several k-means seeds:
 
 Needs the main job's cache (``bash ci/main.sh``) and ``build/host``. Run:
 
-    python benchmarks/s3d8_importance_transform.py --transform power:0.5 --seeds 0 1 2 3 4
+    python research/s3d8_importance_transform.py --transform power:0.5 --seeds 0 1 2 3 4
 """
 
 from __future__ import annotations

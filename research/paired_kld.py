@@ -4,7 +4,7 @@ Two models' mean KLDs each carry a standard error of about 2 % here (24 x 512 to
 same tokens, so most of that error is shared; comparing chunk by chunk (``qat.llama_perplexity.chunk_klds``) shows
 differences of a fraction of that size. Used for "QAT better than its start" in docs/qat.md::
 
-    python qat/experiments/paired_kld.py --text .cache/main-job/eval.txt --base .cache/main-job/f16.kld \\
+    python research/paired_kld.py --text .cache/main-job/eval.txt --base .cache/main-job/f16.kld \\
         start.gguf trained.gguf
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from qat import llama_perplexity as lp
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run(model: Path, text: Path, base: Path, chunks: int, threads: int) -> tuple[lp.PerplexityResult, list[float]]:
