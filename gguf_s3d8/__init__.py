@@ -1,9 +1,9 @@
 """S3D8: 2.7-bit vector-quantised weights (three rows per byte) for GGUF / llama.cpp, in numpy.
 
 This package is the reference implementation of docs/s3d8-format.md: the C type and kernels and the torch
-QAT fake-quantiser must agree with it bit for bit. Importing it makes the patch series' gguf-py (which defines
-the S3D8 type, id 96) the process's ``gguf`` (``gguf_s3d8.gguf_py``), so GGUFWriter / GGUFReader / gguf-dump
-handle S3D8 tensors.
+QAT fake-quantiser must agree with it bit for bit. Importing it has no effect on the process: the ``gguf`` it
+writes and reads GGUF files with is the environment's, which must be the patch series' gguf-py (it defines the
+S3D8 type, id 96; ``ci/setup.sh`` installs it from the applied tree, ``gguf_s3d8.gguf_py``).
 
 Typical use::
 
@@ -32,7 +32,7 @@ from .constants import (
 from .container import S3D8Container, read_container, write_container
 from .eligibility import body_offset, container_nbytes, is_s3d8_eligible, row_nbytes, s3d8_ineligibility
 from .errors import S3D8Error, S3D8FormatError, S3D8IneligibleError, S3D8InputError
-from .gguf_py import S3D8GgufError, s3d8_gguf_type, series_gguf, use_series_gguf
+from .gguf_py import S3D8GgufError, s3d8_gguf_type, series_gguf
 from .packing import decode_bytes, decode_tables, pack_bytes, sign_bits, unpack_bytes
 from .quantize import (
     decode_int8,
@@ -43,8 +43,6 @@ from .quantize import (
 from .reference import reference_matmul
 from .scales import absmax_scale_bf16, normalise
 
-use_series_gguf()  # no import of gguf without the tree: the codec works without gguf-py, only GGUF I/O needs it
-
 __all__ = [
     "BLOCK_SIZE", "CENTROID_RULES", "DEFAULT_CENTROID_RULE", "MAGIC", "N_CENTROIDS", "S3D8_TYPE_ID",
     "S3D8_TYPE_NAME", "TYPE_SIZE", "VERSION",
@@ -54,5 +52,5 @@ __all__ = [
     "dequantize_s3d8", "fit_codebook", "fp32_to_bf16_bits", "is_s3d8_eligible", "nearest_centroid",
     "normalise", "pack_bytes", "quantize_activations", "quantize_s3d8", "quantize_s3d8_with_codebook",
     "read_container", "reference_matmul", "row_nbytes", "s3d8_gguf_type", "s3d8_ineligibility", "series_gguf",
-    "sign_bits", "unpack_bytes", "use_series_gguf", "write_container",
+    "sign_bits", "unpack_bytes", "write_container",
 ]

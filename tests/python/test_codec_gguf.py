@@ -145,17 +145,57 @@ def test_dump_lists_s3d8_tensors(model) -> None:
     assert tensors["blk.0.ffn_up.weight"]["shape"][:2] == [2048, 248]
 
 
-def test_import_loads_the_series_gguf_py_and_leaves_pypi_s_alone() -> None:
-    # a process that imported PyPI's gguf first: gguf_s3d8 puts the series' gguf-py in its place and does not
-    # touch the old module's enum (no registration into a foreign package)
-    code = ("import gguf as pypi; had = hasattr(pypi.GGMLQuantizationType, 'S3D8'); "
-            "import gguf_s3d8, gguf; "
-            "print(had, hasattr(pypi.GGMLQuantizationType, 'S3D8'), gguf is not pypi, "
-            "int(gguf.GGMLQuantizationType.S3D8), gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(96)])")
+def test_imports_have_no_process_wide_effect() -> None:
+    """Importing the codec or the converter neither loads nor replaces ``gguf`` nor touches sys.path: the ``gguf`` of
+    a process is the environment's, the series' gguf-py that ci/setup.sh installs (and the codec needs none)."""
+    code = ("import sys; path = list(sys.path); import gguf_s3d8; print('gguf' in sys.modules); "
+            "import gguf as before; import convert, convert.to_gguf; import gguf as after; "
+            "print(after is before, sys.modules['gguf'] is before, sys.path == path, "
+            "int(after.GGMLQuantizationType.S3D8), after.GGML_QUANT_SIZES[after.GGMLQuantizationType(96)])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                        env={"PYTHONPATH": str(REPO)}, timeout=120)
-    assert r.stdout.split() == ["False", "False", "True", "96", "(128,", "43)"], r.stderr
+    assert r.stdout.split() == ["False", "True", "True", "True", "96", "(128,", "43)"], r.stderr
     assert gguf_s3d8.S3D8_TYPE_ID == 96
+
+
+def test_the_venv_gguf_tools_read_s3d8_and_kv_types(model, tmp_path: Path) -> None:
+    """The environment's own gguf-dump and gguf-set-metadata (console scripts of the installed gguf, no project code
+    involved) read a file with S3D8 and KV-type tensors: the installed gguf is the series' gguf-py."""
+    from gguf_s3d8 import kv_types
+
+    bindir = Path(sys.executable).parent
+    rng = np.random.default_rng(5)
+    path = tmp_path / "s3d8-kv.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_S3D8))
+    w.add_tensor("blk.0.ffn_up.weight", model[1]["blk.0.ffn_up.weight"], raw_dtype=T.S3D8)
+    for name in sorted(kv_types.TYPE_IDS):
+        block, size = kv_types.BLOCK[name]
+        raw = kv_types.quantize(name, rng.standard_normal(4 * 256).astype(np.float32))
+        w.add_tensor(f"cache_{name}", np.frombuffer(raw, np.uint8).reshape(4, 256 // block * size),
+                     raw_dtype=T(kv_types.TYPE_IDS[name]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    env = {"PATH": f"{bindir}:/usr/bin:/bin"}
+    r = subprocess.run([str(bindir / "gguf-dump"), "--json", str(path)], capture_output=True, text=True, cwd=tmp_path,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    tensors = json.loads(r.stdout)["tensors"]
+    assert tensors["blk.0.ffn_up.weight"]["type"] == "S3D8"
+    assert tensors["blk.0.ffn_up.weight"]["shape"][:2] == [2048, 248]
+    assert {tensors[f"cache_{n}"]["type"] for n in kv_types.TYPE_IDS} == {"Q4_HQQ", "Q4_HQQ_128", "TQ3_0"}
+    assert all(tensors[f"cache_{n}"]["shape"][:2] == [256, 4] for n in kv_types.TYPE_IDS)
+    r = subprocess.run([str(bindir / "gguf-dump"), str(path)], capture_output=True, text=True, cwd=tmp_path, env=env,
+                       timeout=120)
+    assert r.returncode == 0 and "S3D8" in r.stdout and "blk.0.ffn_up.weight" in r.stdout, r.stderr
+    r = subprocess.run([str(bindir / "gguf-set-metadata"), "--force", str(path), "general.file_type", "7"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    reader = gguf.GGUFReader(str(path))
+    assert int(reader.fields["general.file_type"].parts[-1][0]) == 7
+    assert {t.name: t.tensor_type.name for t in reader.tensors}["blk.0.ffn_up.weight"] == "S3D8"
 
 
 @pytest.mark.parametrize("corruption,message", [
