@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
-"""Print the intra-project import edges of ``gguf_s3d8/``, ``convert/`` and ``qat/``, the edges that go up a
-layer, and every import cycle among them.
+"""Print the intra-project import edges of every Python folder, the edges that go up a layer, and every import
+cycle among them.
 
-The packages are layered, lowest first: ``gguf_s3d8`` < ``convert`` < ``qat`` (:data:`LAYERS`). A module may
-import its own package and the packages below it, never one above (``convert`` imports nothing of ``qat``,
-``gguf_s3d8`` nothing of either), and nothing of ``tests``.
+The folders are layered, lowest first (:data:`ORDER`): the product packages ``gguf_s3d8`` < ``convert`` < ``qat``
+(:data:`LAYERS`), then ``fixtures`` (test data builders that benchmarks and tests share), ``ci``, ``tools``,
+``benchmarks``, ``research`` (one-off probes) and ``tests`` (:data:`ABOVE`). A module may import its own folder and
+the folders below it, never one above: the product imports nothing of research, tests or the scripts' folders,
+``convert`` nothing of ``qat``, ``gguf_s3d8`` nothing of either, and nothing imports ``tests`` but ``tests``.
 
 Every ``import`` statement counts, also the ones inside functions (a lazy import still couples two modules;
 it only hides the cycle from the interpreter). An edge ``a -> b`` means module ``a`` imports module ``b``
-(``from b import x`` names ``b``, or ``b.x`` where ``x`` is a submodule). Only targets in the three packages and
-``tests`` are listed (numpy/torch/gguf are outside).
+(``from b import x`` names ``b``, or ``b.x`` where ``x`` is a submodule). Scripts' folders (``ci``, ``tools``,
+``benchmarks``, ``research``, ``tests/python``) are not packages: a bare ``import bench_common`` there names the
+module of that file's folder, of its top folder, or of the folders scripts put on ``sys.path`` (:data:`SCRIPT_DIRS`),
+e.g. ``benchmarks.bench_common``. Only targets in the project's folders are listed (numpy/torch/gguf are outside).
 
-    python tools/import_graph.py            # edges, edge counts between packages, upward edges ("upward: none"),
+    python tools/import_graph.py            # edges, edge counts between folders, upward edges ("upward: none"),
                                             # then "cycles: none" or each strongly connected component of modules
     python tools/import_graph.py --check    # exit 1 when an edge goes up a layer or there is a cycle (each printed)
     python tools/import_graph.py --reach convert.qat_checkpoint   # every module that one imports, transitively
+    python tools/import_graph.py --root DIR --check               # another tree with the same folders (the tests)
 """
 
 from __future__ import annotations
@@ -25,22 +30,39 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-#: the packages, lowest layer first: each may import only itself and those before it
+#: the product packages, lowest layer first: each may import only itself and those before it
 LAYERS = ("gguf_s3d8", "convert", "qat")
-SCANNED = LAYERS
-LISTED = (*LAYERS, "tests")
+#: the other Python folders, above the product, lowest first
+ABOVE = ("fixtures", "ci", "tools", "benchmarks", "research", "tests")
+ORDER = (*LAYERS, *ABOVE)
+SCANNED = ORDER
+LISTED = ORDER
+#: folders whose modules are imported by bare name (scripts put them on sys.path), searched after the importer's
+#: own folder and its top folder
+SCRIPT_DIRS = ("ci", "benchmarks", "tools", "tests/python")
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def is_module(name: str) -> bool:
-    path = ROOT.joinpath(*name.split("."))
+def is_module(name: str, root: Path = ROOT) -> bool:
+    path = root.joinpath(*name.split("."))
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def script_target(name: str, path: Path, root: Path) -> str | None:
+    """The project module a bare import ``name`` in the script ``path`` names (see the module's docstring), or
+    None (a third-party or standard module)."""
+    folders = [path.parent, root / path.relative_to(root).parts[0], *(root / d for d in SCRIPT_DIRS)]
+    first = name.split(".")[0]
+    for folder in folders:
+        if (folder / f"{first}.py").is_file() or (folder / first / "__init__.py").is_file():
+            return ".".join([*folder.relative_to(root).parts, name])
+    return None
 
 
 def resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
@@ -53,33 +75,54 @@ def resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def edges() -> set[tuple[str, str]]:
+#: upward edges known and being removed: the benchmarks build their tiny models with tests/mllama's builders until
+#: those move to fixtures/ (issue 48); each is printed as "known", not counted
+KNOWN_UPWARD = frozenset({
+    ("benchmarks.bench_mllama", "tests.mllama.tiny_model"),
+    ("benchmarks.bench_mllama_tiles", "tests.mllama.harness"),
+    ("benchmarks.bench_mllama_tiles", "tests.mllama.reference"),
+    ("benchmarks.bench_mllama_tiles", "tests.mllama.tiny_model"),
+    ("benchmarks.kv_cache", "tests.mllama.harness"),
+    ("benchmarks.kv_cache", "tests.mllama.tiny_model"),
+})
+#: not scanned: data and build trees inside the folders
+SKIPPED = ("tests/data",)
+
+
+def edges(root: Path = ROOT) -> set[tuple[str, str]]:
     found: set[tuple[str, str]] = set()
     for top in SCANNED:
-        for path in sorted((ROOT / top).rglob("*.py")):
-            module = module_name(path)
+        for path in sorted((root / top).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if any(rel.startswith(s + "/") for s in SKIPPED):
+                continue
+            module = module_name(path, root)
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Import):
                     targets = [alias.name for alias in node.names]
                 elif isinstance(node, ast.ImportFrom):
                     base = resolve(node, module, path.name == "__init__.py")
                     # ``from pkg import submodule`` names the submodule
-                    targets = [f"{base}.{a.name}" if is_module(f"{base}.{a.name}") else base for a in node.names]
+                    targets = [f"{base}.{a.name}" if is_module(f"{base}.{a.name}", root) else base
+                               for a in node.names]
                 else:
                     continue
                 for target in targets:
+                    if target.split(".")[0] not in LISTED and (isinstance(node, ast.Import) or node.level == 0):
+                        target = script_target(target, path, root) or target
                     if target.split(".")[0] in LISTED and target != module:
                         found.add((module, target))
     return found
 
 
 def upward(graph: set[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The edges that break the layering: into a package of a higher layer than the importer's, or into ``tests``."""
-    rank = {p: i for i, p in enumerate(LAYERS)}
+    """The edges that break the layering: into a folder of a higher layer than the importer's (:data:`ORDER`:
+    the product packages, then the folders above them, ``tests`` last)."""
+    rank = {p: i for i, p in enumerate(ORDER)}
     bad = []
     for a, b in sorted(graph):
         pa, pb = a.split(".")[0], b.split(".")[0]
-        if pb not in rank or rank[pb] > rank[pa]:
+        if (pb not in rank or rank[pb] > rank[pa]) and (a, b) not in KNOWN_UPWARD:
             bad.append((a, b))
     return bad
 
@@ -142,17 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="only exit 1 if an edge goes up a layer or there is a cycle")
     ap.add_argument("--reach", metavar="MODULE", help="list the modules MODULE imports, transitively")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the tree to read (default: this repository)")
     args = ap.parse_args(argv)
-    graph = edges()
+    graph = edges(args.root.resolve())
     if args.reach:
         reached = sorted(reachable(graph, args.reach))
-        print(f"{args.reach} imports {len(reached)} modules of {'/'.join(LISTED)}: {' '.join(reached)}")
+        print(f"{args.reach} imports {len(reached)} project modules: {' '.join(reached)}")
         return 0
     found = cycles(graph)
     up = upward(graph)
     if args.check:
         for a, b in up:
-            print(f"upward import: {a} -> {b} (layers, lowest first: {' < '.join(LAYERS)})", file=sys.stderr)
+            print(f"upward import: {a} -> {b} (layers, lowest first: {' < '.join(ORDER)})", file=sys.stderr)
         for component in found:
             print("import cycle: " + " <-> ".join(component), file=sys.stderr)
         return 1 if found or up else 0
