@@ -15,6 +15,8 @@ from typing import TypeVar
 
 import numpy as np
 
+import bench_common  # type: ignore[import-not-found]  # noqa: F401  # puts the repository root on sys.path
+
 from gguf_s3d8.assignment import CellAssigner, nearest_centroid
 from gguf_s3d8.codebook import apply_centroid_rule, kmeans_plus_plus, lloyd, training_histogram
 from gguf_s3d8.container import allocate_container

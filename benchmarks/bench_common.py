@@ -1,6 +1,9 @@
 """What the benchmark scripts share: the repository's paths, the host build's tools, logged commands, the CPU's
-name, paths as reports show them and the raw results kept next to a report. Importing it puts the repository root on ``sys.path``, so the scripts can
-import ``convert`` and ``tests.mllama`` when run as ``python benchmarks/<script>.py``.
+name, paths as reports show them and the raw results kept next to a report. Every script of ``benchmarks/`` imports it
+first: importing it puts the repository root and ``ci/`` on ``sys.path``, so the scripts can import the project's
+packages (``gguf_s3d8``, ``convert``, ``qat``) and ``ci/upstream.py`` when run as ``python benchmarks/<script>.py``;
+no script sets ``sys.path`` itself. Files they write go through ``gguf_s3d8.fsio`` (``atomic_write``,
+``atomic_path``), sections of a report through ``report_sections.write_section``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 LLAMA = ROOT / "work" / "llama.cpp"
 BUILD = ROOT / "build" / "host"
 
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _folder in (ROOT, ROOT / "ci"):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:

@@ -32,6 +32,8 @@ from bench_common import ROOT, cpu_name, keep_raw_results, run, shown, tool  # t
 from bench_kernels import build_harness  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
+from gguf_s3d8.fsio import atomic_path, atomic_write
+
 TYPES = ["q8_0", "q4_0", "q4_K", "iq4_nl", "q2_K", "iq2_s", "iq3_xxs", "tq2_0", "s3d8"]
 NEEDS_IMATRIX = {"iq2_s", "iq3_xxs", "iq2_xs", "iq2_xxs", "iq1_s", "iq1_m"}
 TARGETS = {"tg": {"q4_0": 1.6, "tq2_0": 1.3}, "pp": {"q4_0": 1.5}}
@@ -64,9 +66,9 @@ def synthetic_f16(work: Path, layers: int) -> Path:
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         hf = write_tiny_llama(Path(tmp) / "hf", smollm2_hf_dir(), hidden=4096, layers=layers, heads=32, kv_heads=8,
                               ffn=14336, vocab=49152, tied=False, seed=0)
-        part = out.with_suffix(".part")
-        run([sys.executable, str(ROOT / "convert" / "to_gguf.py"), str(hf), "--type", "f16", "-o", str(part), "--no-progress"])
-        os.replace(part, out)
+        with atomic_path(out) as part:
+            run([sys.executable, str(ROOT / "convert" / "to_gguf.py"), str(hf), "--type", "f16", "-o", str(part),
+                 "--no-progress"])
     return out
 
 
@@ -78,10 +80,9 @@ def imatrix(work: Path, f16: Path, threads: int) -> Path:
 
     text = work / "imatrix.txt"
     text.write_text(wiki_text("train")[:200_000])
-    part = work / (out.name + ".part.gguf")
-    run([tool("llama-imatrix"), "-m", str(f16), "-f", str(text), "-c", "512", "--chunks", "4", "-t", str(threads),
-         "-o", str(part)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.replace(part, out)
+    with atomic_path(out) as part:
+        run([tool("llama-imatrix"), "-m", str(f16), "-f", str(text), "-c", "512", "--chunks", "4", "-t", str(threads),
+             "-o", str(part)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return out
 
 
@@ -91,15 +92,15 @@ def quantize(work: Path, f16: Path, ty: str, im: Path | None, threads: int) -> t
     known = json.loads(times.read_text()) if times.exists() else {}
     if out.exists() and ty in known:
         return out, known[ty]
-    part = out.with_suffix(".part.gguf")
     cmd = [tool("llama-quantize"), "--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0"]
     if im is not None:
         cmd += ["--imatrix", str(im)]
-    t0 = time.monotonic()
-    run(cmd + [str(f16), str(part), ty.upper(), str(threads)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    known[ty] = time.monotonic() - t0
-    os.replace(part, out)
-    times.write_text(json.dumps(known, indent=1))
+    with atomic_path(out) as part:
+        t0 = time.monotonic()
+        run(cmd + [str(f16), str(part), ty.upper(), str(threads)], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        known[ty] = time.monotonic() - t0
+    atomic_write(times, json.dumps(known, indent=1))
     return out, known[ty]
 
 

@@ -34,6 +34,8 @@ from typing import Any
 from bench_common import ROOT, cpu_name, keep_raw_results, run, shown, tool  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
+from gguf_s3d8.fsio import atomic_path
+
 # the toy byte-level tokenizer is none of the pre-tokenizers the converter recognises; llama.cpp's llama-bpe
 # splits its text as the tests do (tests/mllama/harness.py)
 TOKENIZER = ["--tokenizer-pre", "llama-bpe"]
@@ -77,10 +79,9 @@ def convert(work: Path, hf: Path, ty: str) -> tuple[Path, Path]:
     if ty in ("q4_0", "s3d8"):
         if not text.exists():
             f16, _ = convert(work, hf, "f16")
-            part = work / f"text-{ty}.part.gguf"
-            run([tool("llama-quantize"), "--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0", str(f16),
-                 str(part), ty.upper(), "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            os.replace(part, text)
+            with atomic_path(text) as part:
+                run([tool("llama-quantize"), "--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0",
+                     str(f16), str(part), ty.upper(), "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if ty == "s3d8" and not mmproj.exists():
             scratch = work / "text-scratch.gguf"  # the converter always writes a text file too
             run([sys.executable, str(ROOT / "convert" / "to_gguf.py"), str(hf), "--type", "q8_0", "--mmproj",

@@ -30,7 +30,6 @@ import os
 import platform
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -39,10 +38,8 @@ from pathlib import Path
 import numpy as np
 
 # benchmarks/ is a folder of scripts, not a package: the script's own folder is sys.path[0] when it runs
-from bench_common import write_llama_layer  # type: ignore[import-not-found]
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+# (importing it puts the repository root on sys.path)
+from bench_common import ROOT as REPO, write_llama_layer  # type: ignore[import-not-found]
 
 
 def run_measured(cmd: list[str], threads: int) -> tuple[float, int, str]:

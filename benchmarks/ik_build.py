@@ -22,11 +22,9 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "ci") not in sys.path:
-    sys.path.insert(0, str(ROOT / "ci"))
-
-import upstream  # noqa: E402  # ci/upstream.py: the sha256-checked sdist download
+import bench_common  # type: ignore[import-not-found]  # noqa: F401  # puts the repository root and ci/ on sys.path
+import upstream  # ci/upstream.py: the sha256-checked sdist download
+from gguf_s3d8.fsio import atomic_write
 
 NAME = "ik_llama.cpp"
 TARGETS = ("llama-quantize", "llama-imatrix", "llama-perplexity", "llama-bench")
@@ -135,10 +133,8 @@ def build(jobs: int = 2, targets: tuple[str, ...] = TARGETS) -> Path:
     log(f"build done in {seconds:.0f} s")
     if missing:  # a real build (not a check): keep its time for reports
         record = home() / "build-seconds.json"
-        tmp = record.with_name(".build-seconds.json.tmp")
-        tmp.write_text(json.dumps({"seconds": round(seconds, 1), "jobs": jobs, "targets": list(targets),
-                                   "date": time.strftime("%Y-%m-%d %H:%M")}, indent=1))
-        os.replace(tmp, record)
+        atomic_write(record, json.dumps({"seconds": round(seconds, 1), "jobs": jobs, "targets": list(targets),
+                                         "date": time.strftime("%Y-%m-%d %H:%M")}, indent=1))
     return bin_dir()
 
 

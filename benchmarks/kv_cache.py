@@ -38,10 +38,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from qat import llama_perplexity  # noqa: E402
+from bench_common import ROOT as REPO  # type: ignore[import-not-found]  # puts the repository root on sys.path
+from gguf_s3d8.fsio import atomic_path, atomic_write
+from qat import llama_perplexity
 
 #: the cache types measured, with their bits per value (block bytes * 8 / block values)
 BITS = {"f16": 16.0, "q8_0": 8.5, "q5_1": 6.0, "q4_1": 5.0, "q4_hqq": 5.0, "q4_0": 4.5, "iq4_nl": 4.5,
@@ -193,9 +192,8 @@ def plot(result: dict, path: Path) -> None:
     axes[0].set_ylabel("mean KLD vs F16 cache (nats)")
     fig.suptitle(f"KV-cache types: {Path(result['model']).name}, {result['chunks']} x {result['ctx']} tokens")
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
 
 
 def bench_pair(model: Path, k: str, v: str, args: argparse.Namespace) -> tuple[float, float, str]:
@@ -280,9 +278,7 @@ def table(result: dict, what: str) -> str:
 
 
 def write_json(result: dict, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(result, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,18 +37,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from convert import assets  # noqa: E402
-from gguf_s3d8.fsio import atomic_write  # noqa: E402
-from convert.upstream_source import UpstreamSource  # noqa: E402
-from convert.tensor_types import is_quantisable_weight  # noqa: E402
-from qat.formats import IntFormat, LloydMaxFormat, S3D8Format, StudentTFormat, WeightFormat  # noqa: E402
+from bench_common import ROOT as REPO  # type: ignore[import-not-found]  # puts the repository root on sys.path
+from convert import assets
+from gguf_s3d8.fsio import atomic_write
+from convert.upstream_source import UpstreamSource
+from convert.tensor_types import is_quantisable_weight
+from qat.formats import IntFormat, LloydMaxFormat, S3D8Format, StudentTFormat, WeightFormat
 
 #: Bump when a format's arithmetic changes, so cached results are recomputed.
 CACHE_VERSION = 1

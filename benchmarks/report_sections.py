@@ -7,10 +7,10 @@ regenerate their own part of ``docs/benchmarks.md`` and leave the other's alone.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
+
+from gguf_s3d8.fsio import atomic_write
 
 
 def _markers(name: str) -> tuple[str, str]:
@@ -24,11 +24,4 @@ def write_section(doc: Path, name: str, text: str, *, title: str | None = None) 
     old = doc.read_text() if doc.exists() else (f"# {title}\n" if title else "")
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     new = pattern.sub(lambda _: block, old, count=1) if pattern.search(old) else old.rstrip() + "\n\n" + block
-    fd, tmp = tempfile.mkstemp(dir=doc.parent, prefix=doc.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(new.strip("\n") + "\n")
-        os.replace(tmp, doc)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(doc, new.strip("\n") + "\n")

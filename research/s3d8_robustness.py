@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -41,6 +40,7 @@ import numpy as np
 
 from gguf_s3d8 import importance as iw
 from gguf_s3d8 import series_gguf
+from gguf_s3d8.fsio import atomic_path
 from gguf_s3d8.imatrix import read_imatrix
 
 # benchmarks/ is a folder of scripts, not a package: the script's own folder is sys.path[0] when it runs
@@ -72,12 +72,11 @@ def imatrix_variant(spec: str, bin_dir: Path) -> dict[str, np.ndarray]:
         path = MAIN_JOB / "robustness" / "imatrix-t1.gguf"
         if not path.exists():
             path.parent.mkdir(exist_ok=True)
-            tmp = path.with_suffix(".tmp.gguf")
             print("llama-imatrix -t 1 on the training text (a few minutes)", file=sys.stderr, flush=True)
-            subprocess.run([str(bin_dir / "llama-imatrix"), "-m", str(MAIN_JOB / "smollm2-135m-f16.gguf"),
-                            "-f", str(MAIN_JOB / "train.txt"), "-c", "512", "--chunks", "64", "-t", "1",
-                            "-o", str(tmp)], check=True, capture_output=True)
-            os.replace(tmp, path)
+            with atomic_path(path) as tmp:
+                subprocess.run([str(bin_dir / "llama-imatrix"), "-m", str(MAIN_JOB / "smollm2-135m-f16.gguf"),
+                                "-f", str(MAIN_JOB / "train.txt"), "-c", "512", "--chunks", "64", "-t", "1",
+                                "-o", str(tmp)], check=True, capture_output=True)
     else:
         path = Path(spec)
     if not path.exists():

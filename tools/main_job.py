@@ -46,6 +46,7 @@ from pathlib import Path
 from convert import assets
 from convert.to_gguf import main as convert_main
 from gguf_s3d8 import series_gguf  # the patch series' gguf-py, which defines S3D8
+from gguf_s3d8.fsio import atomic_path
 from qat import llama_perplexity
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,11 +122,10 @@ def quantized(f16: Path, out: Path, qtype: str, tensors: list[str], imatrix: Pat
     if not out.exists():
         log(f"llama-quantize: {out.name}")
         overrides = [a for t in tensors for a in ("--tensor-type", f"^{re.escape(t)}$={qtype}")]
-        tmp = out.with_suffix(".tmp.gguf")
-        run([tool("llama-quantize"), *(["--imatrix", str(imatrix)] if imatrix else []),
-             *(["--hessian", str(hessian)] if hessian else []), *overrides, str(f16),
-             str(tmp), "Q8_0", "2"], f"llama-quantize {qtype}")
-        tmp.replace(out)
+        with atomic_path(out) as tmp:
+            run([tool("llama-quantize"), *(["--imatrix", str(imatrix)] if imatrix else []),
+                 *(["--hessian", str(hessian)] if hessian else []), *overrides, str(f16),
+                 str(tmp), "Q8_0", "2"], f"llama-quantize {qtype}")
     return out
 
 
@@ -205,9 +205,8 @@ def plot(rows: list[Variant], path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
 
 
 def main(argv: list[str] | None = None) -> int:
