@@ -9,12 +9,15 @@ either the old file or the complete new one, also after a crash or power loss.
 
 :func:`write_error_reason` turns a failed write (disk full, file size limit) into the OS's reason, for one-line
 errors naming the file (the converter's GGUFs, qat.train's checkpoints; ``docs/reliability.md``, "Converter and
-trainer faults"). Standard library only; ``ci/upstream.py`` keeps its own copies because it runs before the
-virtual environment (and numpy, which ``gguf_s3d8`` imports) exists.
+trainer faults"). :func:`sha256_file` is the one file digest of the tree (downloads, model assets, results).
+
+Standard library only, and it must stay so: ``ci/upstream.py`` runs before the virtual environment (and numpy,
+which ``gguf_s3d8`` imports) exists and loads this file by its path, not through the package.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -22,7 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_path", "atomic_file", "atomic_write", "write_error_reason", "fsync_dir", "default_file_mode"]
+__all__ = ["atomic_path", "atomic_file", "atomic_write", "write_error_reason", "fsync_dir", "default_file_mode",
+           "sha256_file"]
 
 
 @contextmanager
@@ -123,3 +127,12 @@ def default_file_mode() -> int:
     mask = os.umask(0o22)
     os.umask(mask)
     return 0o666 & ~mask
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a file's bytes as hex, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
