@@ -16,9 +16,11 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from tests.mllama.margins import assert_greedy_match
 
 N_PREDICT = 8
 
@@ -65,6 +67,132 @@ def chat_body(image_url: str, text: str = "What does the image show?", stream: b
         "seed": 42,
         "stream": stream,
     }
+
+
+# --- greedy answers with their log-probabilities ------------------------------------------------------------------
+#: How far the log-probabilities of the same greedy request may move between two servings of it by the same server:
+#: other KV-cache cells, other cross-attention store rows, a cached prompt prefix or another request in the batch
+#: change the order of the attention sums. Measured on the tiny random model (f16 weights and cache): up to ~2e-3;
+#: attending another image moves them by ~0.5. A greedy token may flip only where its margin is under twice this.
+LOGPROB_TOL = 1e-2
+TOP_LOGPROBS = 10
+
+
+@dataclass
+class Answer:
+    """A greedy answer as the server lists it: per listed token its id, its text piece and the log-probabilities of the
+    best candidates ({id: logprob}, the chosen token among them), with the number of listed entries that are one token
+    each (``aligned``, see :func:`_entries`), why it ended ("length" or "stop") and the server's timings."""
+    ids: list[int]
+    pieces: list[str]
+    candidates: list[dict[int, float]]
+    finish_reason: str
+    timings: dict = field(default_factory=dict)
+    aligned: int | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def margins(self) -> list[float]:
+        """Chosen minus best other candidate's log-probability per listed token; 0 (never decisive) from the first
+        entry that is not one token on: a token the server held back had a margin it does not list."""
+        out = []
+        for i, (tok, cand) in enumerate(zip(self.ids, self.candidates)):
+            others = [lp for t, lp in cand.items() if t != tok]
+            assert others, f"token {tok}: ask for top_logprobs >= 2 to know its margin"
+            out.append(cand[tok] - max(others) if self.aligned is None or i < self.aligned else 0.0)
+        return out
+
+
+def with_logprobs(body: dict, top: int = TOP_LOGPROBS) -> dict:
+    return {**body, "logprobs": True, "top_logprobs": top}
+
+
+def _entries(entries: Sequence[dict]) -> tuple[list[int], list[str], list[dict[int, float]], int]:
+    """The listed tokens and how many of them, from the first on, are one token each. The server holds back a token
+    that leaves the text in incomplete UTF-8 and lists it with none of its log-probabilities: the next entry's text
+    then carries its bytes too, and differs from the chosen candidate's own piece; from there on the entries are not
+    the decisions one for one."""
+    ids = [int(e["id"]) for e in entries]
+    pieces = [str(e["token"]) for e in entries]
+    cands = [{int(t["id"]): float(t["logprob"]) for t in e["top_logprobs"]} for e in entries]
+    aligned = 0
+    for e in entries:
+        own = [t for t in e["top_logprobs"] if int(t["id"]) == int(e["id"])]
+        if not own or own[0].get("bytes") != e.get("bytes"):
+            break
+        aligned += 1
+    return ids, pieces, cands, aligned
+
+
+def parse_answer(res: dict) -> Answer:
+    """An /v1/chat/completions response (non-streamed) asked :func:`with_logprobs`."""
+    choice = res["choices"][0]
+    # the server lists no log-probabilities for an answer that is all incomplete UTF-8 (held back as it streams)
+    assert "logprobs" in choice and choice["logprobs"], \
+        f"no logprobs in the answer {choice['message']['content']!r}: the test input must change"
+    ids, pieces, cands, aligned = _entries(choice["logprobs"]["content"])
+    if aligned == len(ids) and res.get("usage", {}).get("completion_tokens", len(ids)) != len(ids):
+        aligned = len(ids) - 1  # the last token was held back: its decision is unlisted
+    return Answer(ids, pieces, cands, choice["finish_reason"], res.get("timings", {}), aligned)
+
+
+def parse_stream(chunks: Sequence[dict]) -> Answer:
+    """The data chunks of a streamed /v1/chat/completions answer asked :func:`with_logprobs`."""
+    entries: list[dict] = []
+    finish, timings = "", dict[str, Any]()
+    for c in chunks:
+        for choice in c.get("choices", []):
+            entries += (choice.get("logprobs") or {}).get("content") or []
+            finish = choice.get("finish_reason") or finish
+        timings = c.get("timings", timings)
+    assert entries, "no logprobs in the streamed answer: the test input must change"
+    ids, pieces, cands, aligned = _entries(entries)
+    return Answer(ids, pieces, cands, finish, timings, aligned)
+
+
+def logprob_deviation(got: Answer, ref: Answer) -> float:
+    """A lower bound of max |logprob difference| over the vocabulary, up to where the greedy tokens part (after that
+    the contexts differ): exact for the candidates both list; a candidate only one lists is at most the other's last
+    listed logprob there."""
+    def one_sided(x: dict[int, float], y: dict[int, float]) -> float:
+        floor = min(y.values())
+        return max((abs(lp - y[t]) if t in y else max(0.0, lp - floor) for t, lp in x.items()), default=0.0)
+    dev = 0.0
+    for tok_g, cand_g, tok_r, cand_r in zip(got.ids, got.candidates, ref.ids, ref.candidates):
+        dev = max(dev, one_sided(cand_g, cand_r), one_sided(cand_r, cand_g))
+        if tok_g != tok_r:
+            break
+    return dev
+
+
+def _decisions(a: Answer) -> tuple[list, list[float]]:
+    """The answer's greedy decisions: its tokens, then - for an answer that chose to end - the end (whose margin the
+    server does not list: never decisive). An answer cut at max_tokens made no decision there."""
+    if a.finish_reason == "length":
+        return list(a.ids), a.margins()
+    return [*a.ids, "<end>"], [*a.margins(), 0.0]
+
+
+def assert_same_answer(got: Answer, ref: Answer, *, what: str, tol: float = LOGPROB_TOL,
+                       min_decisive: int = N_PREDICT // 2) -> int:
+    """``got`` serves the same greedy request as ``ref``: log-probabilities within ``tol`` up to where the tokens part,
+    and the same tokens over ``ref``'s decisions whose margin exceeds 2 * tol (margins.assert_greedy_match)."""
+    dev = logprob_deviation(got, ref)
+    assert dev <= tol, f"{what}: log-probabilities differ by {dev:.3g} > {tol:.3g}"
+    got_dec, _ = _decisions(got)
+    ref_dec, ref_margins = _decisions(ref)
+    return assert_greedy_match(got_dec, ref_dec, ref_margins, 2 * tol, what=what, min_decisive=min_decisive)
+
+
+def assert_text_is_answer(text: str, ref: Answer, *, what: str, tol: float = LOGPROB_TOL,
+                          min_decisive: int = N_PREDICT // 2) -> int:
+    """A greedy answer known only as text (a web page's) is ``ref``'s over ``ref``'s decisive tokens: the whole text
+    when every token is decisive (and the answer was cut at max_tokens, or its end is not needed: see _decisions)."""
+    pieces = [*ref.pieces, ""] if ref.finish_reason != "length" else list(ref.pieces)
+    _, ref_margins = _decisions(ref)
+    return assert_greedy_match(text, pieces, ref_margins, 2 * tol, what=what, min_decisive=min_decisive)
 
 
 def http_get(port: int, path: str, timeout: float = 5) -> tuple[int, bytes]:

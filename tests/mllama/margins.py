@@ -11,6 +11,8 @@ decisive position fails and says that its input (prompt, image, model seed) must
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import numpy as np
 
 
@@ -61,3 +63,44 @@ def assert_decisive_chain(decisions: list[tuple[np.ndarray, np.ndarray]], tol: f
         assert m > bound, (f"{what}: greedy decision {i} is a near tie (margin {m:.3g} <= bound {bound:.3g} = "
                            f"2 * {tol:.3g} * max|logits|): the generated tokens would depend on rounding - the test "
                            f"input must change")
+
+
+def chain_margins(decisions: list[tuple[np.ndarray, np.ndarray]], tol: float) -> tuple[list[float], list[float]]:
+    """The margins of a greedy chain's decisions (see :func:`assert_decisive_chain`) and the bound of each."""
+    return [float(margins(row)) for row, _ in decisions], [tie_bound(arr, tol) for _, arr in decisions]
+
+
+def decisive_count(ref_margins: Sequence[float], bounds: float | Sequence[float]) -> int:
+    """How many of the reference's greedy decisions, from the first on, have a margin above their bound."""
+    bs = [bounds] * len(ref_margins) if isinstance(bounds, (int, float)) else list(bounds)
+    assert len(bs) == len(ref_margins), (len(bs), len(ref_margins))
+    n = 0
+    for m, b in zip(ref_margins, bs):
+        if not m > b:
+            break
+        n += 1
+    return n
+
+
+def assert_greedy_match(got: Sequence[Any] | str, ref: Sequence[Any], ref_margins: Sequence[float],
+                        bounds: float | Sequence[float], *, what: str, min_decisive: int) -> int:
+    """The one comparison of greedy outputs in the suite: ``got`` equals the reference ``ref`` (tokens, or the text
+    pieces of its tokens when ``got`` is a string) over the leading decisions whose margin ``ref_margins[i]`` exceeds
+    its bound (the distance at which rounding within the test's tolerance could flip it). After a near tie the two may
+    part (the contexts then differ), so nothing after it is compared; at least ``min_decisive`` decisions must come
+    before it (asserted: a test input with too few is changed, never skipped). When every decision is decisive, the
+    whole outputs are equal (the same length included). Returns the number of decisions compared."""
+    assert len(ref_margins) == len(ref), (what, len(ref_margins), len(ref))
+    n = decisive_count(ref_margins, bounds)
+    assert n >= min_decisive, (
+        f"{what}: only {n} leading greedy decisions of the reference lie above the tie bound ({min_decisive} needed; "
+        f"margins {[round(m, 4) for m in ref_margins]}, bound(s) {bounds}): the test input must change")
+    whole = n == len(ref)
+    if isinstance(got, str):
+        want = "".join(ref[:n])
+        ok = got == want if whole else got.startswith(want)
+    else:
+        ok = list(got) == list(ref) if whole else list(got[:n]) == list(ref[:n])
+    assert ok, (f"{what}: {'the' if whole else f'the first {n} decisive'} greedy output differs from the "
+                f"reference: {got!r} vs {list(ref)!r}")
+    return n
