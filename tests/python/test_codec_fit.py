@@ -16,8 +16,15 @@ def weights() -> np.ndarray:
     return rng.laplace(scale=0.01, size=(96, 1024)).astype(np.float32)
 
 
-def test_default_rule_is_a_known_rule() -> None:
-    assert DEFAULT_CENTROID_RULE in ("round", "trunc")
+def test_default_rule_is_what_the_encoder_applies(weights: np.ndarray) -> None:
+    """With no rule given, the encoder fits with DEFAULT_CENTROID_RULE ("trunc": docs/codec.md, chosen on real
+    weights in docs/quality.md), observably: its codebook is the trunc one and not the round one on these weights."""
+    assert DEFAULT_CENTROID_RULE == "trunc"
+    default = fit_codebook(weights, seed=3)
+    assert np.array_equal(default, fit_codebook(weights, centroid_rule="trunc", seed=3))
+    assert not np.array_equal(default, fit_codebook(weights, centroid_rule="round", seed=3))
+    w = np.concatenate([weights, weights[::-1]])  # 192 rows: a container large enough to hold its header
+    assert np.array_equal(quantize_s3d8(w, seed=3), quantize_s3d8(w, centroid_rule="trunc", seed=3))
 
 
 @pytest.mark.parametrize("rule", ["round", "trunc"])
