@@ -84,7 +84,27 @@ inline std::string normalize_message(const char * text) {
     return out;
 }
 
+// What the target made of the input being run: accepted (the loader or decoder took it) or rejected, with the
+// messages logged meanwhile. The replay driver (replay-main.cpp) resets it before each input and checks it against the
+// input's expected outcome; libFuzzer ignores it.
+struct outcome_t {
+    enum { NONE, ACCEPTED, REJECTED } state = NONE;
+    std::vector<std::string> messages; // normalized, in order
+};
+inline outcome_t & outcome() {
+    static outcome_t o;
+    return o;
+}
+inline void accept() { outcome().state = outcome_t::ACCEPTED; }
+inline void reject() { outcome().state = outcome_t::REJECTED; }
+
 inline void record_message(const char * text) {
+    {
+        const std::string m = normalize_message(text);
+        if (!m.empty()) {
+            outcome().messages.push_back(m);
+        }
+    }
     static std::mutex mutex;
     static std::set<std::string> seen;
     static FILE * out = [] {

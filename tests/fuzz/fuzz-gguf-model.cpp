@@ -24,8 +24,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     mp.load_mode     = (size & 1) ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE; // both ways of reading the data
     llama_model * model = llama_model_load_from_file(file.path(), mp);
     if (!model) {
+        fuzz::reject();
         return 0;
     }
+    fuzz::accept();
 
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx           = 32;

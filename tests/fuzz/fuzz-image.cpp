@@ -44,8 +44,10 @@ extern "C" int LLVMFuzzerInitialize(int * /*argc*/, char *** /*argv*/) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     mtmd_helper_bitmap_wrapper w = mtmd_helper_bitmap_init_from_buf(g_ctx, data, size, false, mtmd_helper_init_opt_default());
     if (!w.bitmap) {
+        fuzz::reject();
         return 0;
     }
+    fuzz::accept();
     // preprocessing (tile choice, resize, normalisation) of whatever size was decoded
     std::string prompt = std::string("describe ") + mtmd_get_marker(g_ctx);
     mtmd_input_text text = { prompt.c_str(), true, true };

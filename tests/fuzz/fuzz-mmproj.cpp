@@ -38,8 +38,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     params.warmup        = true;
     mtmd_context * ctx = mtmd_init_from_file(file.path(), g_text_model, params);
     if (!ctx) {
+        fuzz::reject();
         return 0;
     }
+    fuzz::accept();
     if (mtmd_support_vision(ctx)) {
         // a 40 x 30 image: not the model's size, so preprocessing resizes and tiles it
         std::vector<unsigned char> rgb(40 * 30 * 3);

@@ -20,8 +20,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     char err[256];
     if (!ggml_s3d8_validate(data, size, err, sizeof(err))) {
         fuzz::record_message(err);
+        fuzz::reject();
         return 0;
     }
+    fuzz::accept();
     // accepted: every slice must parse and decode (and ggml_validate_row_data must agree)
     if (!valid && whole == size) {
         fprintf(stderr, "ggml_s3d8_validate accepts what ggml_validate_row_data rejects\n");
