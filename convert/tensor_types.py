@@ -12,15 +12,16 @@ conversion is byte-identical to upstream's):
   falls back to ``--fallback-type`` (Q8_0 by default); Q8_0 needs ``k % 32 == 0`` and falls back to F16
   (what upstream does on ``QuantError``).
 
-Encodings: F32/F16 are numpy casts; S3D8 (the iw1 encoder), BF16 and Q8_0 run in C when the converter writes with
-the C library (``convert.encoders``: ggml's own quantisers, in parallel), else BF16 and Q8_0 go through
-``gguf.quants.quantize`` (bit-exact with ggml's reference code) and S3D8 through the project's numpy codec
-``gguf_s3d8`` (imported only when needed): the same bytes either way.
+Every type, its geometry, eligibility, fallback and numpy encoder is defined once, in :mod:`gguf_s3d8.ggml_types`; this
+module dispatches through that table (no per-type branches). Encodings: F32/F16 are numpy casts; the types marked
+``native`` there (S3D8 with the iw1 encoder, BF16, Q8_0) run in C when the converter writes with the C library
+(``convert.encoders``: ggml's own quantisers, in parallel), else in numpy (BF16 and Q8_0 through
+``gguf.quants.quantize``, bit-exact with ggml's reference code; S3D8 through the project's codec): the same bytes
+either way.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,21 +33,17 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT
 
+from gguf_s3d8 import ggml_types
+from gguf_s3d8.ggml_types import S3D8_ENCODERS, WEIGHT_TYPES, GgmlType
+
 from .encoders import active
 from .errors import ConvertError
 
-#: Output types a user can ask for with ``--type``.
-OUT_TYPES: Final[tuple[str, ...]] = ("f32", "f16", "bf16", "q8_0", "s3d8")
+#: Output types a user can ask for with ``--type``: the weight types of the registry.
+OUT_TYPES: Final[tuple[str, ...]] = tuple(t.name for t in WEIGHT_TYPES)
 #: Types usable as ``--fallback-type`` (any type that holds every shape, or falls back itself).
-FALLBACK_TYPES: Final[tuple[str, ...]] = ("f32", "f16", "bf16", "q8_0")
+FALLBACK_TYPES: Final[tuple[str, ...]] = tuple(t.name for t in WEIGHT_TYPES if t.holds_or_falls_back)
 
-#: The ``general.file_type`` value written for each ``--type``.
-_FILE_TYPES: Final[dict[str, int]] = {
-    "f32": int(gguf.LlamaFileType.ALL_F32),
-    "f16": int(gguf.LlamaFileType.MOSTLY_F16),
-    "bf16": int(gguf.LlamaFileType.MOSTLY_BF16),
-    "q8_0": int(gguf.LlamaFileType.MOSTLY_Q8_0),
-}
 
 def s3d8_codec() -> ModuleType:
     """Import the S3D8 codec or explain why it is unavailable (the type itself is the series' gguf-py's)."""
@@ -55,25 +52,39 @@ def s3d8_codec() -> ModuleType:
     except ImportError as e:
         raise ConvertError(f"--type s3d8 needs the project's codec package gguf_s3d8, which failed to import: {e}") from e
     if not hasattr(QT, "S3D8"):
+        from gguf_s3d8.gguf_py import install_hint
+
         raise ConvertError(f"the gguf package in use ({Path(gguf.__file__).parent}) does not define S3D8: the "
-                           "converter needs the patch series' gguf-py (python ci/patches.py apply)")
+                           f"converter needs the patch series' gguf-py: {install_hint()}")
     return gguf_s3d8
+
+
+def weight_type(t: str | QT) -> GgmlType:
+    """The registry's type for a ``--type`` name or a gguf-py type (KeyError for anything the converter cannot write:
+    the callers pass choices argparse checked, or types this module chose)."""
+    try:
+        found = ggml_types.ggml_type(t)
+    except ValueError as e:
+        raise KeyError(t) from e
+    if found.kind != "weight":
+        raise KeyError(t)
+    return found
 
 
 def qtype_of(type_name: str) -> QT:
     """The ggml type for a ``--type`` / ``--fallback-type`` name."""
-    if type_name == "s3d8":
-        s3d8_codec()
-        return QT.S3D8
-    return {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0}[type_name]
+    t = weight_type(type_name)
+    if not hasattr(QT, t.gguf_name):
+        s3d8_codec()  # the one type stock gguf-py lacks: says which gguf-py the converter needs
+    return QT(t.type_id)
 
 
 def file_type_of(type_name: str) -> int:
     """``general.file_type`` for a requested ``--type`` (the type of most big matrices)."""
-    if type_name == "s3d8":
-        s3d8_codec()
-        return int(gguf.LlamaFileType.MOSTLY_S3D8)
-    return _FILE_TYPES[type_name]
+    qtype_of(type_name)
+    file_type = weight_type(type_name).file_type
+    assert file_type is not None
+    return file_type
 
 
 @dataclass(frozen=True)
@@ -93,10 +104,6 @@ def is_quantisable_weight(gguf_name: str, shape: Sequence[int]) -> bool:
     return len(shape) >= 2 and gguf_name.endswith(".weight") and not gguf_name.endswith("_norm.weight")
 
 
-def _q8_0_reason(k: int) -> str | None:
-    return None if k % 32 == 0 else f"k={k} is not a multiple of 32 (Q8_0 block)"
-
-
 def choose_type(gguf_name: str, shape: Sequence[int], requested: str, fallback: str = "q8_0") -> TypeChoice:
     """Pick the output type of one tensor (numpy shape, last axis = k = ggml ne0).
 
@@ -106,41 +113,30 @@ def choose_type(gguf_name: str, shape: Sequence[int], requested: str, fallback: 
         return TypeChoice(QT.F32)
     k = int(shape[-1])
     n = int(shape[-2])
-    if requested == "s3d8":
-        codec = s3d8_codec()
-        why = codec.s3d8_ineligibility(n, k)
-        if why is None:
-            return TypeChoice(qtype_of("s3d8"))
-        if fallback == "q8_0" and (q8 := _q8_0_reason(k)) is not None:
-            return TypeChoice(QT.F16, f"S3D8: {why}; Q8_0: {q8}")
-        return TypeChoice(qtype_of(fallback), f"S3D8: {why}")
-    if requested == "q8_0":
-        q8 = _q8_0_reason(k)
-        return TypeChoice(QT.Q8_0) if q8 is None else TypeChoice(QT.F16, f"Q8_0: {q8}")
-    return TypeChoice(qtype_of(requested))
+    t = weight_type(requested)
+    qtype_of(requested)
+    reasons: list[str] = []
+    while (why := t.ineligibility(n, k)) is not None:
+        reasons.append(f"{t.gguf_name}: {why}")
+        nxt = weight_type(t.fallback or fallback)
+        if nxt is t or len(reasons) > len(WEIGHT_TYPES):
+            raise ConvertError(f"tensor {gguf_name}: no type holds it ({'; '.join(reasons)})")
+        t = nxt
+    return TypeChoice(qtype_of(t.name), "; ".join(reasons) if reasons else None)
 
 
 def byte_shape(shape: Sequence[int], qtype: QT) -> tuple[int, ...]:
     """Shape of the encoded array (uint8 for block types), as ``GGUFWriter.add_tensor_info`` expects."""
-    if qtype in (QT.F32, QT.F16):
-        return tuple(int(s) for s in shape)
-    return gguf.quant_shape_to_byte_shape(tuple(int(s) for s in shape), qtype)
+    return weight_type(qtype).byte_shape(shape)
 
 
 def encoded_nbytes(shape: Sequence[int], qtype: QT) -> int:
     """Bytes the tensor occupies in the file (before alignment padding)."""
-    bs = byte_shape(shape, qtype)
-    itemsize = {QT.F32: 4, QT.F16: 2}.get(qtype, 1)
-    return math.prod(bs) * itemsize
+    return weight_type(qtype).encoded_nbytes(shape)
 
 
 def encoded_dtype(qtype: QT) -> np.dtype:
-    dtypes: dict[QT, np.dtype] = {QT.F32: np.dtype(np.float32), QT.F16: np.dtype(np.float16)}
-    return dtypes.get(qtype, np.dtype(np.uint8))
-
-
-#: S3D8 encoders a user can choose with ``--encoder``.
-S3D8_ENCODERS: Final[tuple[str, ...]] = ("iw1", "reference")
+    return weight_type(qtype).dtype
 
 
 @dataclass(frozen=True)
@@ -168,41 +164,57 @@ class S3D8Options:
 def encode(data: np.ndarray, qtype: QT, *, name: str = "", s3d8: S3D8Options = S3D8Options()) -> Any:
     """Encode a float32 tensor as ``qtype`` (the array handed to the GGUF writer).
 
-    While a file is written with the C encoders (``convert.encoders.active()``), S3D8 (iw1), Q8_0 and BF16 are
-    queued on its worker threads and a ``convert.encoders.Pending`` is returned instead (the writer waits for it);
-    elsewhere, and for the other encodings, the numpy encoders run here."""
-    if qtype == QT.F32:
-        return np.ascontiguousarray(data, dtype=np.float32)
-    enc = active()
-    if enc is not None and enc.native is not None and qtype in (QT.BF16, QT.Q8_0):
-        w = np.ascontiguousarray(data, dtype=np.float32)
-        flat = w.reshape(-1, w.shape[-1])
-        return enc.submit([_native_job(enc.native, flat, qtype.name.lower(), name)],
-                          lambda parts: parts[0].reshape(*w.shape[:-1], parts[0].shape[-1]))
-    if qtype in (QT.F16, QT.BF16, QT.Q8_0):
-        return gguf.quants.quantize(np.ascontiguousarray(data, dtype=np.float32), qtype)
-    if hasattr(QT, "S3D8") and qtype == QT.S3D8:
-        codec = s3d8_codec()
-        from gguf_s3d8.imatrix import ImatrixError
+    While a file is written with the C encoders (``convert.encoders.active()``), the registry's ``native`` types (S3D8
+    with the iw1 encoder, Q8_0, BF16) are queued on its worker threads and a ``convert.encoders.Pending`` is returned
+    instead (the writer waits for it); elsewhere, and for the other encodings, the type's numpy encoder runs here.
+    ``s3d8`` holds the options of the slice-quantized type (S3D8)."""
+    t = weight_type(qtype)
+    w = np.ascontiguousarray(data, dtype=np.float32)
+    if not t.slice_quantized:
+        enc = active()
+        if enc is not None and enc.native is not None and t.native:
+            flat = w.reshape(-1, w.shape[-1])
+            return enc.submit([_native_job(enc.native, flat, t.name, name)],
+                              lambda parts: parts[0].reshape(*w.shape[:-1], parts[0].shape[-1]))
+        return t.encode(w, name=name)
+    codec = s3d8_codec()
+    from gguf_s3d8.imatrix import ImatrixError
 
-        w = np.ascontiguousarray(data, dtype=np.float32)
-        try:
-            if enc is not None and enc.native is not None and _native_s3d8(name, s3d8):
-                return _submit_s3d8(enc, w, name, s3d8)
-            return _encode_s3d8(w, name, s3d8, codec)
-        except ImatrixError as e:
-            raise ConvertError(str(e)) from e
-        except codec.S3D8Error as e:
-            raise ConvertError(f"tensor {name}: S3D8 encoding failed: {e}") from e
-    raise ConvertError(f"tensor {name}: no encoder for ggml type {qtype.name}")
+    try:
+        return _encode_slices(t, w, name, s3d8)
+    except ImatrixError as e:
+        raise ConvertError(str(e)) from e
+    except codec.S3D8Error as e:
+        raise ConvertError(f"tensor {name}: {t.gguf_name} encoding failed: {e}") from e
 
 
-def _native_s3d8(name: str, s3d8: S3D8Options) -> bool:
-    """Whether the C library encodes this S3D8 tensor: the iw1 encoder (llama-quantize's); frozen codebooks or scales,
-    finished containers and the reference encoder stay in numpy."""
+def _encode_slices(t: GgmlType, w: np.ndarray, name: str, s3d8: S3D8Options) -> Any:
+    """A slice-quantized tensor (2-D, or a 3-D stack of expert slices: one container and codebook per slice): a
+    finished container, frozen codebook (and scales), or an encoder's fit - iw1 in C while a writer has the library."""
     pre = s3d8.precomputed
-    return (s3d8.encoder == "iw1" and not (pre is not None and name in pre.containers)  # type: ignore[attr-defined]
-            and not (s3d8.codebooks is not None and name in s3d8.codebooks))
+    if pre is not None and name in pre.containers:  # type: ignore[attr-defined]
+        return _precomputed_container(w, name, pre)
+    rule = {"centroid_rule": s3d8.centroid_rule} if s3d8.centroid_rule is not None else {}
+    n_slices = w.shape[0] if w.ndim == 3 else 1
+    if s3d8.codebooks is not None and name in s3d8.codebooks:
+        scales = s3d8.scales[name] if s3d8.scales is not None and name in s3d8.scales else None
+        if scales is not None and w.ndim == 3:
+            raise ConvertError(f"tensor {name}: frozen S3D8 scales for a 3-D expert stack are not supported")
+        return t.encode(w, name=name, codebook=s3d8.codebooks[name], scales=scales)
+    if s3d8.encoder not in S3D8_ENCODERS:
+        raise ConvertError(f"unknown S3D8 encoder {s3d8.encoder!r} (known: {', '.join(S3D8_ENCODERS)})")
+    if s3d8.encoder == "reference":
+        return t.encode(w, name=name, encoder="reference", seed=s3d8.seed, **rule)
+    imp = _importance(w, name, s3d8, n_slices)
+    enc = active()
+    if enc is not None and enc.native is not None and t.native:
+        slices = list(w) if w.ndim == 3 else [w]
+        jobs = [_native_job(enc.native, a, t.name, f"{name}[{e}]" if w.ndim == 3 else name,
+                            importance=None if imp is None else imp[e], centroid_rule=s3d8.centroid_rule,
+                            seed=s3d8.seed)
+                for e, a in enumerate(slices)]
+        return enc.submit(jobs, (lambda parts: np.stack(parts)) if w.ndim == 3 else (lambda parts: parts[0]))
+    return t.encode(w, name=name, encoder="iw1", importance=imp, seed=s3d8.seed, **rule)
 
 
 def _native_job(native: Any, w: np.ndarray, type_name: str, name: str, **kw: Any) -> Callable[[int], np.ndarray]:
@@ -215,17 +227,6 @@ def _native_job(native: Any, w: np.ndarray, type_name: str, name: str, **kw: Any
     return job
 
 
-def _submit_s3d8(enc: Any, w: np.ndarray, name: str, s3d8: S3D8Options) -> Any:
-    """iw1 in C: one job per 2-D slice (expert), each with its own importance row, as llama-quantize."""
-    n_slices = w.shape[0] if w.ndim == 3 else 1
-    slices = list(w) if w.ndim == 3 else [w]
-    imp = _importance(w, name, s3d8, n_slices)
-    jobs = [_native_job(enc.native, a, "s3d8", f"{name}[{e}]" if w.ndim == 3 else name,
-                        importance=None if imp is None else imp[e], centroid_rule=s3d8.centroid_rule, seed=s3d8.seed)
-            for e, a in enumerate(slices)]
-    return enc.submit(jobs, (lambda parts: np.stack(parts)) if w.ndim == 3 else (lambda parts: parts[0]))
-
-
 def _importance(w: np.ndarray, name: str, s3d8: S3D8Options, n_slices: int) -> Any:
     """The imatrix rows of ``name`` (one per slice), or None (no imatrix, or no entry: a warning, as llama-quantize)."""
     imp = None if s3d8.imatrix is None else s3d8.imatrix.for_tensor(name, w.shape[-1], n_slices)  # type: ignore[attr-defined]
@@ -233,37 +234,6 @@ def _importance(w: np.ndarray, name: str, s3d8: S3D8Options, n_slices: int) -> A
         print(f"warning: the imatrix has no entry for {name}: S3D8 with the column-maximum weights (as llama-quantize)",
               file=sys.stderr)
     return imp
-
-
-def _encode_s3d8(w: np.ndarray, name: str, s3d8: S3D8Options, codec: ModuleType) -> np.ndarray:
-    """One S3D8 tensor (2-D, or a 3-D stack of expert slices: one container and codebook per slice)."""
-    rule = {"centroid_rule": s3d8.centroid_rule} if s3d8.centroid_rule is not None else {}
-    n_slices = w.shape[0] if w.ndim == 3 else 1
-    slices = list(w) if w.ndim == 3 else [w]
-    label = (lambda e: f"{name}[{e}]") if w.ndim == 3 else (lambda e: name)
-    pre = s3d8.precomputed
-    if pre is not None and name in pre.containers:  # type: ignore[attr-defined]
-        return _precomputed_container(w, name, pre)
-    if s3d8.codebooks is not None and name in s3d8.codebooks:
-        cb = s3d8.codebooks[name]
-        if s3d8.scales is not None and name in s3d8.scales:
-            from gguf_s3d8.importance import quantize_s3d8_with_scales
-
-            if w.ndim == 3:
-                raise ConvertError(f"tensor {name}: frozen S3D8 scales for a 3-D expert stack are not supported")
-            return quantize_s3d8_with_scales(w, cb, s3d8.scales[name], name=name)
-        out = [codec.quantize_s3d8_with_codebook(a, cb, name=label(e)) for e, a in enumerate(slices)]
-    elif s3d8.encoder == "reference":
-        out = [codec.quantize_s3d8(a, name=label(e), seed=s3d8.seed, **rule) for e, a in enumerate(slices)]
-    elif s3d8.encoder == "iw1":
-        from gguf_s3d8.importance import quantize_s3d8_importance
-
-        imp = _importance(w, name, s3d8, n_slices)
-        out = [quantize_s3d8_importance(a, None if imp is None else imp[e], name=label(e), seed=s3d8.seed, **rule)
-               for e, a in enumerate(slices)]
-    else:
-        raise ConvertError(f"unknown S3D8 encoder {s3d8.encoder!r} (known: {', '.join(S3D8_ENCODERS)})")
-    return np.stack(out) if w.ndim == 3 else out[0]
 
 
 def _precomputed_container(w: np.ndarray, name: str, pre: object) -> np.ndarray:
@@ -275,7 +245,7 @@ def _precomputed_container(w: np.ndarray, name: str, pre: object) -> np.ndarray:
         raise ConvertError(f"tensor {name}: the S3D8 tensor file was computed from other weights than this model's "
                            "(fingerprint mismatch) - convert the checkpoint it was made from (after "
                            "qat.gptq_s3d8 --weights-dtype f16, the f16 GGUF of that checkpoint)")
-    want = byte_shape(w.shape, QT.S3D8)
+    want = ggml_types.S3D8.byte_shape(w.shape)
     if tuple(c.shape) != tuple(want):
         raise ConvertError(f"tensor {name}: the S3D8 tensor file holds a container of shape {tuple(c.shape)}, "
                            f"this tensor needs {tuple(want)}")

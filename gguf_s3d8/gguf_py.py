@@ -13,7 +13,7 @@ The tree is ``<repo>/work/llama.cpp`` (``python ci/patches.py apply``), or ``$S3
 (as CMake's ``LLAMA_CPP_DIR``); :func:`is_series_gguf` tells whether a ``gguf`` module is that tree's gguf-py
 (the folder itself or an installed copy of it, file for file).
 
-``tests/python/test_type_ids.py`` checks that ggml.h, llama.h, this gguf-py and :mod:`gguf_s3d8.types` agree on
+``tests/python/test_type_ids.py`` checks that ggml.h, llama.h, this gguf-py and :mod:`gguf_s3d8.ggml_types` agree on
 the ids and sizes.
 """
 

@@ -1,5 +1,8 @@
 """numpy reference of the KV-cache types Q4_HQQ, Q4_HQQ_128 and TQ3_0 (ggml-kvq.h in the patch series).
 
+The types themselves (ids, geometry, which codec encodes each) are defined in :mod:`gguf_s3d8.ggml_types`, the one table
+of types (``TYPES["tq3_0"].encode(x)``, ``.decode(data)``, ``KV_TYPES``); this module holds their codecs.
+
 Quantisers and dequantisers give the bytes and floats of the C reference bit for bit: every step is the
 same fp32 operation in the same order (the C file is compiled without fused multiply-adds), sums run
 sequentially over the values of a block, and fp16 rounding is numpy's round-to-nearest-even, as ggml's.
@@ -15,16 +18,11 @@ Layouts (little endian, per block):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
-#: ggml type ids (ggml.h): after S3D8 (96), far from upstream's end of the enum
-TYPE_IDS: Final = {"q4_hqq": 97, "q4_hqq_128": 98, "tq3_0": 99}
-#: values per block and bytes per block
-BLOCK: Final = {"q4_hqq": (32, 20), "q4_hqq_128": (128, 68), "tq3_0": (32, 14)}
 
 #: the 8-level Lloyd-Max quantiser of N(0, 1) times 88/2.1519457, rounded (kvalues_tq3_0)
 TQ3_LEVELS: Final = np.array([-88, -55, -31, -10, 10, 31, 55, 88], dtype=np.int8)
@@ -185,26 +183,3 @@ def dequantize_tq3_0(data: bytes) -> FloatArray:
     b = np.frombuffer(data, dtype=np.uint8).reshape(-1, 14)
     d = b[:, 0:2].copy().view(np.float16).astype(F32)
     return (d * TQ3_LEVELS.astype(F32)[tq3_indices(data)]).reshape(-1).astype(F32)
-
-
-#: The KV types by name: (quantise, dequantise).
-_CODECS: Final[dict[str, tuple[Callable[[npt.ArrayLike], bytes], Callable[[bytes], FloatArray]]]] = {
-    "q4_hqq": (lambda x: quantize_hqq(x, 32), lambda d: dequantize_hqq(d, 32)),
-    "q4_hqq_128": (lambda x: quantize_hqq(x, 128), lambda d: dequantize_hqq(d, 128)),
-    "tq3_0": (quantize_tq3_0, dequantize_tq3_0),
-}
-
-
-def _codec(name: str) -> tuple[Callable[[npt.ArrayLike], bytes], Callable[[bytes], FloatArray]]:
-    if name not in _CODECS:
-        raise ValueError(f"unknown KV type {name!r}")
-    return _CODECS[name]
-
-
-def quantize(name: str, x: npt.ArrayLike) -> bytes:
-    """Bytes of type `name` (q4_hqq, q4_hqq_128, tq3_0) of a float array (size a multiple of the block)."""
-    return _codec(name)[0](x)
-
-
-def dequantize(name: str, data: bytes) -> FloatArray:
-    return _codec(name)[1](data)

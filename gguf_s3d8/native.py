@@ -24,12 +24,14 @@ import numpy.typing as npt
 
 from .constants import CENTROID_RULES, DEFAULT_CENTROID_RULE, S3D8_TYPE_ID
 from .errors import S3D8InputError
+from .ggml_types import WEIGHT_TYPES
 
 #: The ABI this module speaks (``S3D8_NATIVE_ABI`` of tools/s3d8-native/s3d8-native.c).
 ABI_VERSION: Final = 1
 LIBRARY_NAME: Final = "libs3d8-native.so"
-#: ggml type ids of the types this module encodes (checked against the library's names and row sizes).
-TYPE_IDS: Final[dict[str, int]] = {"s3d8": S3D8_TYPE_ID, "q8_0": 8, "bf16": 30}
+#: ggml type ids of the types this module encodes (``native`` in :mod:`gguf_s3d8.ggml_types`; checked against the
+#: library's names and row sizes).
+TYPE_IDS: Final[dict[str, int]] = {t.name: t.type_id for t in WEIGHT_TYPES if t.native}
 #: enum ggml_s3d8_centroid_rule
 _RULE_IDS: Final[dict[str, int]] = {"round": 0, "trunc": 1}
 

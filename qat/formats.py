@@ -47,8 +47,9 @@ candidate instead of a pass over the tensor per candidate. Sums are float64.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -61,6 +62,9 @@ __all__ = [
     "format_from_id",
     "format_id",
     "format_family",
+    "FORMAT_KINDS",
+    "FormatKind",
+    "torch_twin",
     "direct_cast",
     "IntFormat",
     "StudentTFormat",
@@ -608,12 +612,12 @@ class S3D8Format:
     @staticmethod
     def container_bits_per_param(shape: Sequence[int]) -> float | None:
         """Bits/weight of the GGUF container (None when the shape cannot hold one)."""
-        import gguf_s3d8
+        from gguf_s3d8.ggml_types import S3D8
 
         n, k = math.prod(int(s) for s in shape[:-1]), int(shape[-1])
-        if gguf_s3d8.s3d8_ineligibility(n, k) is not None:
+        if S3D8.ineligibility(n, k) is not None:
             return None
-        return 8 * gguf_s3d8.container_nbytes(n, k) / (n * k)
+        return 8 * S3D8.encoded_nbytes((n, k)) / (n * k)
 
 
 class S3D8Quantiser:
@@ -702,9 +706,11 @@ def s3d8_simulate(w: np.ndarray, *, centroid_rule: str, seed: int = 0) -> np.nda
     """
     import gguf_s3d8
 
+    from gguf_s3d8.ggml_types import S3D8
+
     w = np.ascontiguousarray(w, dtype=np.float32)
     n, k = w.shape
-    if gguf_s3d8.s3d8_ineligibility(n, k) is None:
+    if S3D8.ineligibility(n, k) is None:
         return gguf_s3d8.dequantize_s3d8(gguf_s3d8.quantize_s3d8(w, centroid_rule=centroid_rule, seed=seed))
     return _s3d8_simulate_pieces(w, centroid_rule=centroid_rule, seed=seed)
 
@@ -718,6 +724,41 @@ def _s3d8_simulate_pieces(w: np.ndarray, *, centroid_rule: str, seed: int = 0) -
 # format ids
 
 
+@dataclass(frozen=True)
+class FormatKind:
+    """One family of simulated formats in the format-id table: its class, the pattern of its ids, how an id's match
+    makes the format, the id of a format (None: non-default fit settings, which have no id) and its report family.
+    ``ggml_type``: the ggml type the family simulates exactly (its entry in ``gguf_s3d8.ggml_types``), if any."""
+
+    cls: type
+    pattern: str
+    make: Callable[[re.Match[str]], WeightFormat]
+    ident: Callable[[Any], str | None]
+    family: Callable[[Any], str]
+    ggml_type: str | None = None
+
+
+#: The one table of format ids (``qat.train --format``, the baseline sweep), in the order ids are tried.
+FORMAT_KINDS: tuple[FormatKind, ...] = (
+    FormatKind(IntFormat, r"int(\d+)_g(\d+)(_affine)?",
+               lambda m: IntFormat(int(m.group(1)), int(m.group(2)), affine=m.group(3) is not None),
+               lambda f: f"int{f.levels}_g{f.block}" + ("_affine" if f.affine else ""),
+               lambda f: "INT affine" if f.affine else "INT"),
+    FormatKind(StudentTFormat, r"studentt(\d+)_g(\d+)", lambda m: StudentTFormat(int(m.group(1)), int(m.group(2))),
+               lambda f: f"studentt{f.levels}_g{f.block}" if f == StudentTFormat(f.levels, f.block) else None,
+               lambda f: "Student-t"),
+    FormatKind(LloydMaxFormat, r"lloydmax(\d+)", lambda m: LloydMaxFormat(int(m.group(1))),
+               lambda f: f"lloydmax{f.levels}" if f == LloydMaxFormat(f.levels) else None,
+               lambda f: "Lloyd-Max"),
+    FormatKind(S3D8Format, r"s3d8", lambda m: S3D8Format(), lambda f: "s3d8" if f == S3D8Format() else None,
+               lambda f: "S3D8", ggml_type="s3d8"),
+)
+
+
+def _kind_of(fmt: WeightFormat) -> FormatKind | None:
+    return next((k for k in FORMAT_KINDS if isinstance(fmt, k.cls)), None)
+
+
 def format_from_id(name: str) -> WeightFormat:
     """The format named by a baseline-sweep id (``qat.train --format``).
 
@@ -726,40 +767,39 @@ def format_from_id(name: str) -> WeightFormat:
     scales), ``s3d8`` (:class:`S3D8Format`, the codec's default centroid rule, seed 0). Raises ValueError
     for anything else. ``format_id(format_from_id(s)) == s``.
     """
-    import re
-
-    m = re.fullmatch(r"int(\d+)_g(\d+)(_affine)?", name)
-    if m:
-        return IntFormat(int(m.group(1)), int(m.group(2)), affine=m.group(3) is not None)
-    m = re.fullmatch(r"studentt(\d+)_g(\d+)", name)
-    if m:
-        return StudentTFormat(int(m.group(1)), int(m.group(2)))
-    m = re.fullmatch(r"lloydmax(\d+)", name)
-    if m:
-        return LloydMaxFormat(int(m.group(1)))
-    if name == "s3d8":
-        return S3D8Format()
+    for kind in FORMAT_KINDS:
+        m = re.fullmatch(kind.pattern, name)
+        if m:
+            return kind.make(m)
     raise ValueError(f"unknown format id {name!r} (int<K>_g<G>[_affine], studentt<K>_g<G>, lloydmax<K>, s3d8)")
 
 
 def format_id(fmt: WeightFormat) -> str:
     """The id of a format (inverse of :func:`format_from_id`; non-default fit settings have no id)."""
-    if isinstance(fmt, IntFormat):
-        return f"int{fmt.levels}_g{fmt.block}" + ("_affine" if fmt.affine else "")
-    if isinstance(fmt, StudentTFormat) and fmt == StudentTFormat(fmt.levels, fmt.block):
-        return f"studentt{fmt.levels}_g{fmt.block}"
-    if isinstance(fmt, LloydMaxFormat) and fmt == LloydMaxFormat(fmt.levels):
-        return f"lloydmax{fmt.levels}"
-    if isinstance(fmt, S3D8Format) and fmt == S3D8Format():
-        return "s3d8"
-    raise ValueError(f"{fmt!r} has no format id")
+    kind = _kind_of(fmt)
+    ident = None if kind is None else kind.ident(fmt)
+    if ident is None:
+        raise ValueError(f"{fmt!r} has no format id")
+    return ident
 
 
 def format_family(fmt: WeightFormat) -> str:
     """The family a format is reported under: INT, INT affine, Student-t, Lloyd-Max or S3D8."""
-    if isinstance(fmt, IntFormat):
-        return "INT affine" if fmt.affine else "INT"
-    for cls, fam in ((StudentTFormat, "Student-t"), (LloydMaxFormat, "Lloyd-Max"), (S3D8Format, "S3D8")):
-        if isinstance(fmt, cls):
-            return fam
-    raise ValueError(f"{fmt!r}: unknown format family")
+    kind = _kind_of(fmt)
+    if kind is None:
+        raise ValueError(f"{fmt!r}: unknown format family")
+    return kind.family(fmt)
+
+
+def torch_twin(type_name: str) -> Any:
+    """The torch fake-quantiser of a ggml type, as ``gguf_s3d8.ggml_types`` names it (``torch_twin``: a function of the
+    weight, or for S3D8 the :class:`S3D8Format` class), imported here: the codec imports neither torch nor qat."""
+    import importlib
+
+    from gguf_s3d8.ggml_types import ggml_type
+
+    ref = ggml_type(type_name).torch_twin
+    if ref is None:
+        raise ValueError(f"ggml type {type_name!r} has no torch twin")
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from gguf_s3d8 import kv_types
+from gguf_s3d8.ggml_types import TYPES
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -63,10 +64,10 @@ def main() -> None:
     print(f"{'data':10s} {'TQ3_0 (32, 3.5 bpw)':>20s} {'64 (3.25 bpw)':>14s} {'128 (3.125 bpw)':>16s} "
           f"{'Q4_HQQ':>8s} {'Q4_HQQ_128':>11s}")
     for name, x in data.items():
-        t32 = rel(x, kv_types.dequantize("tq3_0", kv_types.quantize("tq3_0", x)).reshape(x.shape))
+        t32 = rel(x, TYPES["tq3_0"].decode(TYPES["tq3_0"].encode(x)).reshape(x.shape))
         t64, t128 = rel(x, tq3_group(x, 64)), rel(x, tq3_group(x, 128))
-        h32 = rel(x, kv_types.dequantize("q4_hqq", kv_types.quantize("q4_hqq", x)).reshape(x.shape))
-        h128 = rel(x, kv_types.dequantize("q4_hqq_128", kv_types.quantize("q4_hqq_128", x)).reshape(x.shape))
+        h32 = rel(x, TYPES["q4_hqq"].decode(TYPES["q4_hqq"].encode(x)).reshape(x.shape))
+        h128 = rel(x, TYPES["q4_hqq_128"].decode(TYPES["q4_hqq_128"].encode(x)).reshape(x.shape))
         print(f"{name:10s} {t32:20.4f} {t64:14.4f} {t128:16.4f} {h32:8.4f} {h128:11.4f}")
 
 

@@ -161,7 +161,7 @@ def test_imports_have_no_process_wide_effect() -> None:
 def test_the_venv_gguf_tools_read_s3d8_and_kv_types(model, tmp_path: Path) -> None:
     """The environment's own gguf-dump and gguf-set-metadata (console scripts of the installed gguf, no project code
     involved) read a file with S3D8 and KV-type tensors: the installed gguf is the series' gguf-py."""
-    from gguf_s3d8 import kv_types
+    from gguf_s3d8.ggml_types import KV_TYPES
 
     bindir = Path(sys.executable).parent
     rng = np.random.default_rng(5)
@@ -169,11 +169,9 @@ def test_the_venv_gguf_tools_read_s3d8_and_kv_types(model, tmp_path: Path) -> No
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_S3D8))
     w.add_tensor("blk.0.ffn_up.weight", model[1]["blk.0.ffn_up.weight"], raw_dtype=T.S3D8)
-    for name in sorted(kv_types.TYPE_IDS):
-        block, size = kv_types.BLOCK[name]
-        raw = kv_types.quantize(name, rng.standard_normal(4 * 256).astype(np.float32))
-        w.add_tensor(f"cache_{name}", np.frombuffer(raw, np.uint8).reshape(4, 256 // block * size),
-                     raw_dtype=T(kv_types.TYPE_IDS[name]))
+    for kv in KV_TYPES:
+        raw = kv.encode(rng.standard_normal(4 * 256).astype(np.float32))
+        w.add_tensor(f"cache_{kv.name}", raw.reshape(kv.byte_shape((4, 256))), raw_dtype=T(kv.type_id))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -185,8 +183,8 @@ def test_the_venv_gguf_tools_read_s3d8_and_kv_types(model, tmp_path: Path) -> No
     tensors = json.loads(r.stdout)["tensors"]
     assert tensors["blk.0.ffn_up.weight"]["type"] == "S3D8"
     assert tensors["blk.0.ffn_up.weight"]["shape"][:2] == [2048, 248]
-    assert {tensors[f"cache_{n}"]["type"] for n in kv_types.TYPE_IDS} == {"Q4_HQQ", "Q4_HQQ_128", "TQ3_0"}
-    assert all(tensors[f"cache_{n}"]["shape"][:2] == [256, 4] for n in kv_types.TYPE_IDS)
+    assert {tensors[f"cache_{kv.name}"]["type"] for kv in KV_TYPES} == {"Q4_HQQ", "Q4_HQQ_128", "TQ3_0"}
+    assert all(tensors[f"cache_{kv.name}"]["shape"][:2] == [256, 4] for kv in KV_TYPES)
     r = subprocess.run([str(bindir / "gguf-dump"), str(path)], capture_output=True, text=True, cwd=tmp_path, env=env,
                        timeout=120)
     assert r.returncode == 0 and "S3D8" in r.stdout and "blk.0.ffn_up.weight" in r.stdout, r.stderr

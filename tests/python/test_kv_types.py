@@ -1,4 +1,4 @@
-"""KV-cache types Q4_HQQ, Q4_HQQ_128, TQ3_0 (issue 13): the numpy reference (gguf_s3d8.kv_types) gives the
+"""KV-cache types Q4_HQQ, Q4_HQQ_128, TQ3_0 (issue 13): the numpy reference (gguf_s3d8.kv_types, through the types' table gguf_s3d8.ggml_types) gives the
 C quantiser's bytes and dequantised floats bit for bit (via `test-kv-types --dump`), on K/V-like rows with
 outlier channels, constant and zero blocks, and Gaussian rows; the type ids are the series' and no pinned
 upstream id; gguf-py knows the types."""
@@ -14,8 +14,20 @@ import numpy as np
 import pytest
 
 from gguf_s3d8 import kv_types
+from gguf_s3d8.ggml_types import KV_TYPES, TYPES
 
 REPO = Path(__file__).resolve().parents[2]
+#: the KV types of the one table of types (gguf_s3d8.ggml_types): ids and (values, bytes) per block, by name
+TYPE_IDS = {t.name: t.type_id for t in KV_TYPES}
+BLOCK = {t.name: (t.block_size, t.type_size) for t in KV_TYPES}
+
+
+def quantize(name: str, x: np.ndarray) -> bytes:
+    return TYPES[name].encode(x).tobytes()
+
+
+def dequantize(name: str, data: bytes) -> np.ndarray:
+    return TYPES[name].decode(np.frombuffer(data, np.uint8))
 
 
 def bin_dir() -> Path:
@@ -62,15 +74,15 @@ def test_numpy_reference_gives_the_c_bytes(tmp_path: Path, name: str) -> None:
     d = 256
     x = np.concatenate([kv_like(rng, 48, d), rng.standard_normal((16, d)).astype(np.float32)])
     c_bytes, c_float = c_quantize(tmp_path, name, x, d)
-    qk, bsz = kv_types.BLOCK[name]
+    qk, bsz = BLOCK[name]
     assert len(c_bytes) == x.size // qk * bsz
-    py_bytes = kv_types.quantize(name, x)
+    py_bytes = quantize(name, x)
     blocks_c = np.frombuffer(c_bytes, np.uint8).reshape(-1, bsz)
     blocks_py = np.frombuffer(py_bytes, np.uint8).reshape(-1, bsz)
     diff = np.flatnonzero((blocks_c != blocks_py).any(axis=1))
     assert diff.size == 0, f"{diff.size} of {len(blocks_c)} blocks differ, first {diff[:5]}"
     # dequantisation: equal as bit patterns
-    py_float = kv_types.dequantize(name, c_bytes)
+    py_float = dequantize(name, c_bytes)
     assert np.array_equal(py_float.view(np.uint32), c_float.view(np.uint32))
     # constant blocks are exact in the HQQ types, zero blocks in all
     assert np.array_equal(py_float[:128], np.zeros(128, np.float32))
@@ -87,14 +99,14 @@ def test_aarch64_quantiser_gives_the_same_bytes(tmp_path: Path, variant: str) ->
     x = kv_like(rng, 16, 256)
     for name in ("q4_hqq", "q4_hqq_128", "tq3_0"):
         q, f = c_quantize(tmp_path, name, x, 256, variant)
-        assert q == kv_types.quantize(name, x), name
-        assert np.array_equal(f.view(np.uint32), kv_types.dequantize(name, q).view(np.uint32)), name
+        assert q == quantize(name, x), name
+        assert np.array_equal(f.view(np.uint32), dequantize(name, q).view(np.uint32)), name
 
 
 def test_reference_errors_on_gaussian_data() -> None:
     """The numbers docs/kv-cache.md quotes (relative MSE, N(0,1), 32768 values)."""
     x = np.random.default_rng(5).standard_normal(32768).astype(np.float32)
-    err = {n: float(((kv_types.dequantize(n, kv_types.quantize(n, x)) - x) ** 2).sum() / (x ** 2).sum())
+    err = {n: float(((dequantize(n, quantize(n, x)) - x) ** 2).sum() / (x ** 2).sum())
            for n in ("q4_hqq", "q4_hqq_128", "tq3_0")}
     assert 0.0050 < err["q4_hqq"] < 0.0060
     assert 0.0085 < err["q4_hqq_128"] < 0.0103
@@ -113,13 +125,13 @@ def test_type_ids_are_the_series_and_clear_of_upstream() -> None:
     import upstream
 
     ids = check_upstream.series_type_ids()
-    assert {n: ids[f"GGML_TYPE_{n.upper()}"] for n in kv_types.TYPE_IDS} == kv_types.TYPE_IDS
+    assert {n: ids[f"GGML_TYPE_{n.upper()}"] for n in TYPE_IDS} == TYPE_IDS
     assert len(set(ids.values())) == len(ids)
     tree = upstream.tree_path()
     if not (tree / check_upstream.GGML_H).is_file():
         pytest.fail(f"pinned upstream tree {tree} missing: run `python3 ci/upstream.py fetch`")
     assert check_upstream.check_ids(tree, check_upstream.patches.PATCH_DIR) == []
-    assert not set(kv_types.TYPE_IDS.values()) & set(check_upstream.enum_values((tree / check_upstream.GGML_H).read_text()))
+    assert not set(TYPE_IDS.values()) & set(check_upstream.enum_values((tree / check_upstream.GGML_H).read_text()))
 
 
 def test_gguf_py_of_the_series_knows_the_types() -> None:
@@ -130,6 +142,6 @@ def test_gguf_py_of_the_series_knows_the_types() -> None:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    for name, tid in kv_types.TYPE_IDS.items():
+    for name, tid in TYPE_IDS.items():
         t = mod.GGMLQuantizationType[name.upper()]
-        assert int(t) == tid and mod.GGML_QUANT_SIZES[t] == kv_types.BLOCK[name]
+        assert int(t) == tid and mod.GGML_QUANT_SIZES[t] == BLOCK[name]

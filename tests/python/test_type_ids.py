@@ -2,7 +2,7 @@
 
 The ids and sizes live in the C headers of the patch series (ggml.h, llama.h, ggml-s3d8.h), in the series'
 gguf-py (constants.py, which every Python user loads through ``gguf_s3d8.gguf_py``) and, for the codec that works
-without gguf-py, in ``gguf_s3d8.constants`` / ``gguf_s3d8.kv_types``. This test reads the headers of the patched
+without gguf-py, in ``gguf_s3d8.constants`` and the table of types ``gguf_s3d8.ggml_types``. This test reads the headers of the patched
 tree and fails on any disagreement.
 """
 
@@ -12,9 +12,10 @@ import re
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 
-from gguf_s3d8 import constants, kv_types
+from gguf_s3d8 import constants, ggml_types
 from gguf_s3d8.gguf_py import is_series_gguf, tree_dir
 
 TREE = tree_dir()
@@ -54,10 +55,10 @@ def test_s3d8_ids_and_sizes_agree() -> None:
     assert c_define(S3D8_H, "GGML_S3D8_N_CODES") == constants.N_CENTROIDS
 
 
-@pytest.mark.parametrize("name", sorted(kv_types.TYPE_IDS))
+@pytest.mark.parametrize("name", sorted(t.name for t in ggml_types.KV_TYPES))
 def test_kv_type_ids_agree(name: str) -> None:
     c_name = "GGML_TYPE_" + name.upper()
-    assert c_enum(GGML_H, c_name) == int(gguf.GGMLQuantizationType[name.upper()]) == kv_types.TYPE_IDS[name]
+    assert c_enum(GGML_H, c_name) == int(gguf.GGMLQuantizationType[name.upper()]) == ggml_types.TYPES[name].type_id
 
 
 def test_no_id_is_used_twice() -> None:
@@ -65,3 +66,44 @@ def test_no_id_is_used_twice() -> None:
     assert len(ids) == len(set(ids))
     c_ids = [int(v) for v in re.findall(r"^\s*GGML_TYPE_\w+\s*=\s*(\d+)\s*,", GGML_H.read_text(), re.MULTILINE)]
     assert len(c_ids) == len(set(c_ids))
+
+
+def test_the_table_of_types_agrees_with_gguf_py() -> None:
+    """gguf_s3d8.ggml_types, the one table of the weight and KV types, has gguf-py's ids, names, block sizes, row
+    sizes and file types; a type is found by name, by id and by gguf-py member alike."""
+    qt, ft = gguf.GGMLQuantizationType, gguf.LlamaFileType
+    assert [t.name for t in ggml_types.WEIGHT_TYPES] == ["f32", "f16", "bf16", "q8_0", "s3d8"]
+    assert [t.name for t in ggml_types.KV_TYPES] == ["q4_hqq", "q4_hqq_128", "tq3_0"]
+    for t in ggml_types.TYPES.values():
+        member = qt(t.type_id)
+        assert member.name == t.gguf_name and gguf.GGML_QUANT_SIZES[member] == (t.block_size, t.type_size)
+        assert ggml_types.ggml_type(member) is ggml_types.ggml_type(t.gguf_name) is ggml_types.ggml_type(t.type_id) is t
+        if t.file_type is not None:
+            assert ft(t.file_type).name in (f"ALL_{t.gguf_name}", f"MOSTLY_{t.gguf_name}")
+        if t.dtype == np.uint8:
+            for shape in ((6, 256), (2, 3, 512)):
+                assert t.byte_shape(shape) == tuple(gguf.quant_shape_to_byte_shape(shape, member))
+    assert ggml_types.S3D8.file_type == c_enum(LLAMA_H, "LLAMA_FTYPE_MOSTLY_S3D8")
+    from gguf_s3d8 import native
+
+    assert native.TYPE_IDS == {"bf16": 30, "q8_0": 8, "s3d8": 96}
+    with pytest.raises(ValueError, match="unknown ggml type"):
+        ggml_types.ggml_type("q4_k")
+
+
+@pytest.mark.parametrize("name", [t.name for t in ggml_types.TYPES.values() if t.torch_twin])
+def test_each_torch_twin_is_the_numpy_round_trip(name: str) -> None:
+    """The torch twin a type names (resolved by qat.formats.torch_twin) gives decode(encode(w)) bit for bit."""
+    import torch
+
+    from qat.formats import torch_twin
+
+    t = ggml_types.TYPES[name]
+    w = np.random.default_rng(21).standard_normal((192, 1024)).astype(np.float32)
+    if t.slice_quantized:
+        want = t.decode(t.encode(w, encoder="reference"))
+        got = torch_twin(name)().quantise(torch.from_numpy(w)).numpy()
+    else:
+        want = t.decode(t.encode(w)).reshape(w.shape)
+        got = torch_twin(name)(torch.from_numpy(w)).numpy()
+    np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
