@@ -153,12 +153,19 @@ def keep_screenshot(png: Path, name: str) -> None:
 
 
 def api_answer(server: llama_server.Server, body: dict) -> str:
+    return api_greedy(server, body).text
+
+
+def api_greedy(server: llama_server.Server, body: dict) -> llama_server.Answer:
+    """The API's answer to ``body`` (made non-streamed), with the log-probabilities that say which of its tokens are
+    decided outside rounding (llama_server.assert_text_is_answer)."""
     body = {**body, "stream": False}
     body.pop("return_progress", None)
     body.pop("sse_ping_interval", None)
-    r = requests.post(f"{server.url}/v1/chat/completions", json=body, timeout=TIMEOUT_MS / 1000)
+    r = requests.post(f"{server.url}/v1/chat/completions", json=llama_server.with_logprobs(body),
+                      timeout=TIMEOUT_MS / 1000)
     assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["message"]["content"]
+    return llama_server.parse_answer(r.json())
 
 
 def sent_images(body: dict) -> list[bytes]:
@@ -235,15 +242,18 @@ def test_image_chat_in_the_browser(vision_server, photos, tmp_path):
         assert body["temperature"] == 0 and body["max_tokens"] == MAX_TOKENS and body["stream"] is True, \
             {k: v for k, v in body.items() if k != "messages"}
         # the API's answer to the request the page sent
-        assert api_answer(vision_server, body) == answers[i], f"turn {i + 1}"
+        llama_server.assert_text_is_answer(answers[i], api_greedy(vision_server, body),
+                                           what=f"turn {i + 1}: the page's answer vs the API's")
 
     # the same conversation written by hand as an OpenAI-style request
     turn1 = {"role": "user", "content": [image_part(photos["astronaut"]), {"type": "text", "text": QUESTIONS[0]}]}
     turn2 = {"role": "user", "content": [image_part(photos["chelsea"]), {"type": "text", "text": QUESTIONS[1]}]}
     plain = {"temperature": 0, "max_tokens": MAX_TOKENS}
-    assert api_answer(vision_server, {"messages": [turn1], **plain}) == answers[0]
-    assert api_answer(vision_server, {"messages": [turn1, {"role": "assistant", "content": answers[0]}, turn2],
-                                      **plain}) == answers[1]
+    llama_server.assert_text_is_answer(answers[0], api_greedy(vision_server, {"messages": [turn1], **plain}),
+                                       what="turn 1 by hand")
+    llama_server.assert_text_is_answer(
+        answers[1], api_greedy(vision_server, {"messages": [turn1, {"role": "assistant", "content": answers[0]}, turn2],
+                                               **plain}), what="turn 2 by hand")
     # the photo reached the model: without it the answer differs
     assert api_answer(vision_server, {"messages": [{"role": "user", "content": QUESTIONS[0]}], **plain}) != answers[0]
 
