@@ -25,7 +25,7 @@ A second run downloads nothing. Only the standard library is used, so this runs 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import types
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -126,12 +127,21 @@ def _git(repo: Path, *args: str, capture: bool = True) -> str:
     return (out.stdout or "").strip()
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def _load_fsio() -> types.ModuleType:
+    """``gguf_s3d8/fsio.py`` (standard library only), loaded by its path: this script runs before the virtual
+    environment and numpy exist, and the ``gguf_s3d8`` package imports numpy."""
+    spec = importlib.util.spec_from_file_location("_s3d8_fsio", REPO_ROOT / "gguf_s3d8" / "fsio.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_FSIO = _load_fsio()
+#: the tree's one file digest and atomic writer (gguf_s3d8.fsio)
+sha256_file = _FSIO.sha256_file
+atomic_file = _FSIO.atomic_file
+atomic_path = _FSIO.atomic_path
 
 
 def known(name: str) -> UpstreamTree:
@@ -192,7 +202,8 @@ def download_sdist(sdist: Sdist) -> Path:
         digest = sha256_file(got)
         if digest != sdist.sha256:
             raise UpstreamError(f"{sdist.filename}: sha256 {digest} != recorded {sdist.sha256}; refusing to use it")
-        os.replace(got, path)
+        with atomic_path(path) as final:
+            os.replace(got, final)
     return path
 
 
@@ -220,10 +231,8 @@ def _archive_commit(git_dir_tree: Path, commit: str, out_tar: Path) -> None:
         except subprocess.CalledProcessError:
             raise UpstreamError(f"{git_dir_tree}: HEAD is {head}, and commit {commit} is not available") from None
     out_tar.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_tar.with_suffix(".tar.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_file(out_tar) as f:
         subprocess.run(["git", "-C", str(git_dir_tree), "archive", "--format=tar", commit], check=True, stdout=f)
-    os.replace(tmp, out_tar)
 
 
 def _check_identity(tree: UpstreamTree, repo: Path, commit: str, what: str) -> None:

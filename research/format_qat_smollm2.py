@@ -41,7 +41,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from gguf_s3d8.fsio import atomic_write  # noqa: E402
+from gguf_s3d8.fsio import atomic_write, sha256_file  # noqa: E402
 from qat.text_eval import load_results  # noqa: E402
 from qat.train import add_run_options, run_argv  # noqa: E402
 
@@ -72,10 +72,6 @@ def bits_per_param(student: torch.nn.Module) -> dict[str, float | int]:
         quantised += math.prod(shape)
     return {"bits_per_param": (bits + 16 * (n_params - quantised)) / n_params,
             "bits_per_quantised_param": bits / quantised, "quantised_params": int(quantised), "n_params": n_params}
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def settings_of(a: argparse.Namespace, fmt_id: str, data_sha: str) -> dict[str, Any]:
@@ -149,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         results["teacher"] = {"ppl": r.ppl, "n_tokens": r.n_tokens}
         atomic_write(a.json, json.dumps(results, indent=1) + "\n", make_parents=True)
     del teacher
-    data_sha = file_sha256(a.data)
+    data_sha = sha256_file(a.data)
     n_samples = len(read_samples(a.data))
     start = time.time()
     for fid in a.formats:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import bench_common  # type: ignore[import-not-found]  # puts the repository root on sys.path
-import ik_build  # type: ignore[import-not-found]
 
 from anchors.gguf_dir import (  # type: ignore[import-not-found]
     GGUFFile, check_layout, layout, outside_digests, read_gguf,
@@ -29,7 +28,7 @@ from anchors.parsers import (  # type: ignore[import-not-found]
 from anchors.runner import (  # type: ignore[import-not-found]
     Inputs, Row, Runner, TimeBook, file_signature, main_job_text,
 )
-from gguf_s3d8.fsio import atomic_write
+from gguf_s3d8.fsio import atomic_write, sha256_file
 
 
 class Bench:
@@ -158,7 +157,7 @@ class Bench:
         self.times.record(f"quant:{out.name}", s)
         self._phase("quantise", s)
         if fresh:  # --retime: keep the measured file, report whether the tool is deterministic
-            same = ik_build.upstream.sha256_file(tmp) == ik_build.upstream.sha256_file(out)
+            same = sha256_file(tmp) == sha256_file(out)
             tmp.unlink()
             return out, same
         os.replace(tmp, out)
@@ -328,7 +327,7 @@ class Bench:
             "n_variant_tensors": len(variant_names), "variant_elements": sum(
                 t.n_elements for t in f16_table.tensors if self.model.is_variant(t.name)),
             "f16": {"path": bench_common.shown(inp.f16).as_posix(), "mib": lay.file_mib, "rows": f16_rows},
-            "imatrix": {p: {"path": bench_common.shown(f).as_posix(), "sha256": ik_build.upstream.sha256_file(f)}
+            "imatrix": {p: {"path": bench_common.shown(f).as_posix(), "sha256": sha256_file(f)}
                         for p, f in inp.imatrix.items() if f.exists()},
             "iq2_m_types": (dict(json.loads((self.dir / "iq2_m-types.json").read_text()))
                             if (self.dir / "iq2_m-types.json").exists() else {}),
