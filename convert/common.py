@@ -26,7 +26,7 @@ from collections import deque
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Final, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from .encoders import Pending, encoders_for
 from .errors import ConvertError
 from gguf_s3d8.fsio import atomic_path, write_error_reason
 from .tensor_types import (S3D8Options, TypeChoice, byte_shape, choose_type, encode, encoded_dtype,
-                           encoded_nbytes, is_quantisable_weight)
+                           encoded_nbytes, is_quantisable_weight, weight_type)
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ def plan_from_jobs(source: ModelSource, options: ConversionOptions) -> OutputPla
     for job in jobs:
         ch: TypeChoice = choose_type(job.name, job.shape, options.out_type, options.fallback_type)
         nbytes = encoded_nbytes(job.shape, ch.qtype)
-        raw = None if ch.qtype in (QT.F32, QT.F16) else ch.qtype
+        raw = ch.qtype if encoded_dtype(ch.qtype) == np.uint8 else None  # float types: the writer reads the dtype
         writer.add_tensor_info(job.name, byte_shape(job.shape, ch.qtype), encoded_dtype(ch.qtype), nbytes, raw_dtype=raw)
 
         def produce(job: TensorJob = job, qtype: QT = ch.qtype) -> np.ndarray:
@@ -245,8 +245,6 @@ def make_plan(source: Any, options: ConversionOptions) -> OutputPlan:
     return own(options) if own is not None else plan_from_jobs(source, options)
 
 
-#: the types the C library encodes (convert.tensor_types.encode)
-_C_TYPES: Final = frozenset(t for t in (QT.Q8_0, QT.BF16, getattr(QT, "S3D8", None)) if t is not None)
 
 
 def _ready(enc: Any) -> bool:
@@ -293,8 +291,8 @@ def write_plan(plan: OutputPlan, outfile: Path, *, progress: bool = True, dry_ru
                 writer.write_kv_data_to_file()
                 writer.write_ti_data_to_file()
             bar = progress_bar = _progress(len(plan.tensors), progress)
-            with encoders_for(backend, threads, needed=any(t.qtype in _C_TYPES for t in plan.tensors),
-                              notice=any(t.qtype.name == "S3D8" for t in plan.tensors)) as encoders:
+            with encoders_for(backend, threads, needed=any(weight_type(t.qtype).native for t in plan.tensors),
+                              notice=any(weight_type(t.qtype).slice_quantized for t in plan.tensors)) as encoders:
                 queue: deque[tuple[PlannedTensor, Any]] = deque()
 
                 def write_head() -> None:
