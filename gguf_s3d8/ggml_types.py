@@ -17,8 +17,9 @@ the KV-cache types of the series (Q4_HQQ, Q4_HQQ_128, TQ3_0) are each one object
 * ``torch_twin``: ``"module:name"`` of its torch fake-quantiser in QAT, where one exists - a reference only
   (``qat.formats.torch_twin`` resolves it): this package imports neither torch nor qat.
 
-The converter (``convert.tensor_types``), the native binding, the KV codec (:mod:`gguf_s3d8.kv_types`), QAT
-(``qat.formats``) and the tests dispatch through :data:`TYPES` / :func:`ggml_type`; the ids are checked against
+The converter (``convert.tensor_types``, ``convert.common``), the native binding (:mod:`gguf_s3d8.native`), QAT
+(``qat.formats``) and the tests dispatch through :data:`TYPES` / :func:`ggml_type`, which hands the KV types to their
+codecs in :mod:`gguf_s3d8.kv_types` and S3D8 to this package's codec; the ids are checked against
 ggml.h, llama.h and the series' gguf-py by ``tests/python/test_type_ids.py``. Importing this module imports
 neither gguf nor anything with an effect on the process: gguf-py is imported where a stock type is encoded.
 """

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -24,7 +25,7 @@ T = gguf.GGMLQuantizationType
 
 def test_s3d8_is_the_series_gguf_py_s_own_member() -> None:
     assert is_series_gguf(gguf)
-    assert s3d8_gguf_type() is T.S3D8 is T(S3D8_TYPE_ID) is T["S3D8"]
+    assert s3d8_gguf_type() is T.S3D8 is T(S3D8_TYPE_ID) is gguf.GGMLQuantizationType["S3D8"]
     assert int(T.S3D8) == 96 and T.S3D8.name == "S3D8" and isinstance(T.S3D8, int)
     assert gguf.GGML_QUANT_SIZES[T.S3D8] == (128, 43)
     assert sum(1 for m in T if int(m) == 96) == 1
@@ -57,7 +58,7 @@ def test_gguf_quants_s3d8_decodes_whole_slices_as_the_codec() -> None:
         gguf.quants.quantize(w, T.S3D8)
 
 
-def write_model(path: Path, tensors: dict[str, tuple[np.ndarray, object]]) -> None:
+def write_model(path: Path, tensors: dict[str, tuple[np.ndarray, Any]]) -> None:
     w = gguf.GGUFWriter(str(path), "llama")
     for name, (data, qtype) in tensors.items():
         w.add_tensor(name, data, raw_dtype=qtype)
