@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tests.mllama import harness, tiny_model as T
-from tests.mllama.margins import assert_same_argmax, margins, tie_bound
+from tests.mllama.margins import assert_same_argmax, assert_same_greedy_chain, chain_margins, decisive_count
 
 TOL = 6e-2
 THREADS = "2"
@@ -236,12 +236,7 @@ def decisions(ref: DumpRun) -> list[tuple[np.ndarray, np.ndarray]]:
 
 def leading_decisive(ref: DumpRun, tol: float) -> int:
     """How many of the reference's greedy decisions, from the first on, lie outside the noise bound."""
-    n = 0
-    for row, arr in decisions(ref):
-        if float(margins(row)) <= tie_bound(arr, tol):
-            break
-        n += 1
-    return n
+    return decisive_count(*chain_margins(decisions(ref), tol))
 
 
 # --- the binaries --------------------------------------------------------------------------------------
@@ -263,9 +258,8 @@ def assert_mllama_close(got: DumpRun, ref: DumpRun, *, what: str, ref_name: str)
     e_prompt = rel_err(got.prompt_logits, ref.prompt_logits)
     assert e_cross <= TOL, f"{what}: cross-attention states rel err {e_cross:.3g}"
     assert e_prompt <= TOL, f"{what}: prompt logits rel err {e_prompt:.3g}"
-    n = leading_decisive(ref, TOL)
-    assert n >= MIN_MTMD_TOKENS, f"the {ref_name} reference decides only {n} tokens outside the noise bound"
-    assert got.tokens[:n] == ref.tokens[:n], f"{what}: greedy tokens {got.tokens} vs {ref_name} {ref.tokens}"
+    n = assert_same_greedy_chain(got.tokens, ref.tokens, decisions(ref), TOL, what=f"{what} vs {ref_name}",
+                                 min_decisive=MIN_MTMD_TOKENS)
     # decode step s is fed token s: the first n steps run on tokens decided outside the noise, so they compare
     e_steps = rel_err(got.step_logits[:n], ref.step_logits[:n])
     assert e_steps <= TOL, f"{what}: decode-step logits rel err {e_steps:.3g} (first {n} steps)"

@@ -104,3 +104,12 @@ def assert_greedy_match(got: Sequence[Any] | str, ref: Sequence[Any], ref_margin
     assert ok, (f"{what}: {'the' if whole else f'the first {n} decisive'} greedy output differs from the "
                 f"reference: {got!r} vs {list(ref)!r}")
     return n
+
+
+def assert_same_greedy_chain(got: Sequence[int], ref: Sequence[int], decisions: list[tuple[np.ndarray, np.ndarray]],
+                             tol: float, *, what: str, min_decisive: int | None = None) -> int:
+    """:func:`assert_greedy_match` for a greedy chain given as the reference's logits (:func:`assert_decisive_chain`'s
+    ``decisions``, one per token): by default every decision must be decisive and the tokens equal."""
+    ref_margins, bounds = chain_margins(decisions, tol)
+    return assert_greedy_match(got, ref, ref_margins, bounds, what=what,
+                               min_decisive=len(ref) if min_decisive is None else min_decisive)

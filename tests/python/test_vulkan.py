@@ -34,8 +34,8 @@ import requests
 from tests.mllama import harness, llama_server
 from tests.mllama.builds import (ANSWER, IMAGE_QUESTION, MAX_MTMD_TOKENS, TEXT_NAMES, TOL, VISION_NAMES, DumpRun,
                                  assert_exact_s3d8, assert_mllama_close, cli_answer, decisions, decisive_answer, dump,
-                                 finite_cols, leading_decisive, mtmd_answer, rel_err)
-from tests.mllama.margins import assert_decisive_chain, assert_same_argmax
+                                 finite_cols, mtmd_answer, rel_err)
+from tests.mllama.margins import assert_decisive_chain, assert_same_argmax, assert_same_greedy_chain
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / "build" / "vulkan" / "bin"
@@ -150,7 +150,7 @@ def test_llama_logits_on_vulkan(tiny_llama, llama_runs):
     e_steps = rel_err(got.step_logits, ref.step_logits)
     assert e_prompt <= TOL and e_steps <= TOL, f"{what}: logits rel err prompt {e_prompt:.3g}, steps {e_steps:.3g}"
     assert_same_argmax(got.prompt_logits, ref.prompt_logits, TOL, min_rows=8, what=f"{what} prompt")
-    assert got.tokens == ref.tokens, f"{what}: greedy tokens {got.tokens} vs CPU {ref.tokens}"
+    assert_same_greedy_chain(got.tokens, ref.tokens, decisions(ref), TOL, what=f"{what} vs CPU")
 
 
 def test_llama_cli_answers_on_vulkan(tiny_llama, llama_runs):
@@ -239,5 +239,7 @@ def test_mllama_kv_types_on_vulkan(case, tiny_mllama, tmp_path):
     e_prompt = rel_err(got.prompt_logits, ref.prompt_logits)
     assert e_prompt <= bound, f"{what}: prompt logits rel err {e_prompt:.3g} > {bound:.3g} (the cache's own {e_q:.3g})"
     assert np.isfinite(finite_cols(got.step_logits)).all()
-    n = leading_decisive(ref, bound)
-    assert got.tokens[:n] == ref.tokens[:n], f"{what}: greedy tokens {got.tokens} vs CPU {ref.tokens} ({n} decisive)"
+    # No greedy token is compared: a cache within `bound` of the reference may move every logit by bound * max|logits|
+    # (measured 0.05-0.1), more than any margin of this tiny model's answer (at most 0.66 against a tie bound of 1.1-1.3
+    # here), so no token is implied. The check above, on the logits, is this test's; the tokens compare in
+    # test_llama_logits_on_vulkan and assert_mllama_close, where the bound is TOL.
