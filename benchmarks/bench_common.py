@@ -56,13 +56,31 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def data_file(doc: Path, name: str) -> Path:
+    """Where the raw results of report ``doc`` are kept: ``data/`` in its folder (docs/data/), made if missing."""
+    (doc.parent / "data").mkdir(parents=True, exist_ok=True)
+    return doc.parent / "data" / name
+
+
+def image_file(doc: Path, name: str) -> Path:
+    """Where the plots of report ``doc`` go: ``img/`` in its folder (docs/img/), made if missing."""
+    (doc.parent / "img").mkdir(parents=True, exist_ok=True)
+    return doc.parent / "img" / name
+
+
+def doc_link(doc: Path, path: Path) -> str:
+    """``path`` as a markdown link in report ``doc``: relative to the report's folder."""
+    return path.relative_to(doc.parent).as_posix()
+
+
 def keep_raw_results(raw: Path, kept: Path, report_only: bool) -> Path:
-    """The raw results a report is written from, kept next to it (``kept``, in docs/): a measuring run copies its
+    """The raw results a report is written from, kept beside it (``kept``, in docs/data/): a measuring run copies its
     fresh ``raw`` file there; ``--report-only`` reuses the kept copy (on a fresh clone there is no ``raw``) and
     copies ``raw`` only when nothing is kept yet. Exits with the reason when neither exists."""
     if not report_only or not kept.exists():
         if not raw.exists():
             sys.exit(f"no raw results in {shown(raw)} or {shown(kept)}: run without --report-only first")
+        kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(raw, kept)
     return kept
 

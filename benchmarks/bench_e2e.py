@@ -28,7 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import ROOT, cpu_name, keep_raw_results, run, shown, tool  # type: ignore[import-not-found]
+from bench_common import (  # type: ignore[import-not-found]
+    ROOT, cpu_name, data_file, doc_link, image_file, keep_raw_results, run, shown, tool,
+)
 from bench_kernels import build_harness  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
@@ -143,7 +145,7 @@ def main() -> int:
                   "files": {t: models[t].name for t in types}, "rows": rows,
                   "bandwidth_gbps": {str(n): bw for n, bw in bandwidth.items()}}
         raw.write_text(json.dumps(result, indent=1))
-    kept = keep_raw_results(raw, args.doc.with_name("benchmarks-e2e.json"), args.report_only)
+    kept = keep_raw_results(raw, data_file(args.doc, "benchmarks-e2e.json"), args.report_only)
     write_report(json.loads(kept.read_text()), args)
     return 0
 
@@ -171,7 +173,7 @@ def write_report(result: dict, args: argparse.Namespace) -> None:
             "random weights; token embedding and output Q8_0 in every variant, the named type on every layer matrix "
             "(stock types with llama.cpp's default runtime repacking; IQ types with an imatrix from llama-imatrix). "
             f"`llama-bench -p {pp} -n {tg} -t {','.join(map(str, threads))} -r {result['reps']}`: mean tokens/s "
-            f"(± standard deviation over the repetitions). Raw results: `{shown(args.doc.with_name('benchmarks-e2e.json'))}`.", ""]
+            f"(± standard deviation over the repetitions). Raw results: `{shown(data_file(args.doc, 'benchmarks-e2e.json'))}`.", ""]
     bw = {int(n): v for n, v in result.get("bandwidth_gbps", {}).items()}
     if bw:
         head += ["Generation reads the whole file per token except the token embedding (one row); the `tg GB/s` "
@@ -199,8 +201,8 @@ def write_report(result: dict, args: argparse.Namespace) -> None:
                 if ("s3d8", ph, n) in t and (ref, ph, n) in t:
                     r = t[("s3d8", ph, n)][0] / t[(ref, ph, n)][0]
                     tgt.append(f"| {ph} | {n} | {ref} | {r:.2f}x | {goal}x | {'yes' if r >= goal else '**no**'} |")
-    png = args.doc.with_name("benchmarks-e2e.png")
-    text = "## End to end (llama-bench)\n\n" + "\n".join(head + tab + tgt) + f"\n\n![llama-bench tokens/s]({png.name})\n"
+    png = image_file(args.doc, "benchmarks-e2e.png")
+    text = "## End to end (llama-bench)\n\n" + "\n".join(head + tab + tgt) + f"\n\n![llama-bench tokens/s]({doc_link(args.doc, png)})\n"
     write_section(args.doc, "e2e", text, title="S3D8 benchmarks")
     plot(t, types, threads, pp, tg, png)
     print(f"wrote the end-to-end section of {args.doc} and {png}")

@@ -31,7 +31,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_common import ROOT, cpu_name, keep_raw_results, run, shown, tool  # type: ignore[import-not-found]
+from bench_common import (  # type: ignore[import-not-found]
+    ROOT, cpu_name, data_file, doc_link, image_file, keep_raw_results, run, shown, tool,
+)
 from report_sections import write_section  # type: ignore[import-not-found]
 
 from gguf_s3d8.fsio import atomic_path
@@ -167,7 +169,7 @@ def main() -> int:
                   "text_layers": args.text_layers, "n_gen": args.n_gen, "reps": args.reps,
                   "load": [load_before, os.getloadavg()[0]], "rows": rows}
         raw.write_text(json.dumps(result, indent=1))
-    kept = keep_raw_results(raw, args.doc.with_name(RAW_NAME), args.report_only)
+    kept = keep_raw_results(raw, data_file(args.doc, RAW_NAME), args.report_only)
     write_report(json.loads(kept.read_text()), args)
     return 0
 
@@ -191,7 +193,7 @@ def write_report(result: dict, args: argparse.Namespace) -> None:
              + ("one run per row. " if result['reps'] == 1 else f"fastest of {result['reps']} runs. ") +
              "Encode: the vision encoder + projector on the 4 tiles; prompt: the chat's prompt tokens with the image's "
              "cross-attention states; generation: tokens/s of the answer. "
-             f"Raw results: `{shown(args.doc.with_name(RAW_NAME))}`.", "",
+             f"Raw results: `{shown(data_file(args.doc, RAW_NAME))}`.", "",
              "Speed-ups: the encode against the Q8_0 mmproj's, generation against the Q8_0 and Q4_0 text models' "
              "(each with the Q8_0 mmproj), at the same thread count.", "",
              "| text | mmproj | threads | text MiB | mmproj MiB | encode s | prompt tok/s | generation tok/s "
@@ -205,8 +207,8 @@ def write_report(result: dict, args: argparse.Namespace) -> None:
         lines.append(f"| {r['text']} | {r['mmproj']} | {r['threads']} | {r['text_mib']:.0f} | {r['mmproj_mib']:.0f} | "
                      f"{enc:.1f} | {ptps:.1f} | {gtps:.1f} | {_ratio(q8 and q8[0], enc)} | "
                      f"{_ratio(gtps, q8 and q8[2])} | {_ratio(gtps, q4 and q4[2])} |")
-    png = args.doc.with_name("benchmarks-mllama.png")
-    text = "## mllama path (llama-mtmd-cli)\n\n" + "\n".join(lines) + f"\n\n![mllama: encode and chat]({png.name})\n"
+    png = image_file(args.doc, "benchmarks-mllama.png")
+    text = "## mllama path (llama-mtmd-cli)\n\n" + "\n".join(lines) + f"\n\n![mllama: encode and chat]({doc_link(args.doc, png)})\n"
     write_section(args.doc, "mllama", text, title="S3D8 benchmarks")
     plot(result, best, png)
     print(f"wrote the mllama section of {args.doc} and {png}")

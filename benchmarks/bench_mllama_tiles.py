@@ -33,7 +33,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_common import ROOT, cpu_name, keep_raw_results, run, shown, tool  # type: ignore[import-not-found]
+from bench_common import (  # type: ignore[import-not-found]
+    ROOT, cpu_name, data_file, keep_raw_results, run, shown, tool,
+)
 from bench_mllama import TOKENIZER, checkpoint  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
@@ -169,7 +171,7 @@ def main() -> int:
         result["answers"] = answers(photos)
         result["sizes"].update({name: list(Image.open(p).size) for name, p in photos.items()})
         raw.write_text(json.dumps(result, indent=1))
-    kept = keep_raw_results(raw, args.doc.with_name(RAW_NAME), args.report_only)
+    kept = keep_raw_results(raw, data_file(args.doc, RAW_NAME), args.report_only)
     write_report(json.loads(kept.read_text()), args)
     return 0
 
@@ -187,7 +189,7 @@ def write_report(result: dict[str, Any], args: argparse.Namespace) -> None:
              "random Llama 3.2 Vision of `bench_mllama.py` (the real vision encoder, S3D8 projector; two Q8_0 text "
              "layers of the 11B shapes). Encode: its own \"image slice encoded in\" time. Grid: the canvas "
              "(tiles high x wide) of MllamaImageProcessor with `max_image_tiles=N`, 560 px tiles. "
-             f"Raw results: `{shown(args.doc.with_name(RAW_NAME))}`.", "",
+             f"Raw results: `{shown(data_file(args.doc, RAW_NAME))}`.", "",
              "| photo (W x H) | cap | grid | encode s | vs cap 4 | load before / after |",
              "|---|---:|---:|---:|---:|---|"]
     for r in t:

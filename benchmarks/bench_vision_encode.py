@@ -41,7 +41,9 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from bench_common import BUILD, ROOT, cpu_name, keep_raw_results, run, shown  # type: ignore[import-not-found]
+from bench_common import (  # type: ignore[import-not-found]
+    BUILD, ROOT, cpu_name, data_file, keep_raw_results, run, shown,
+)
 from bench_mllama_tiles import encode, photo, prepare  # type: ignore[import-not-found]
 from report_sections import write_section  # type: ignore[import-not-found]
 
@@ -114,7 +116,7 @@ def write_report(result: dict[str, Any], args: argparse.Namespace) -> None:
              "with them. Encode: `llama-mtmd-cli`'s own \"image slice encoded in\" time on "
              "the random Llama 3.2 Vision of `bench_mllama_tiles.py` (the real vision encoder, S3D8 projector) for "
              f"scikit-image's {PHOTO} (a 2x2 canvas: 4 tiles, 6432 positions), and with `--image-max-tiles 1`. "
-             f"Raw results: `{shown(args.doc.with_name(RAW_NAME))}`.", "",
+             f"Raw results: `{shown(data_file(args.doc, RAW_NAME))}`.", "",
              "| | before s (median, min-max) | after s (median, min-max) | speed-up |", "|---|---:|---:|---:|"]
     for cap in (4, 1):
         b, a = times("before", cap), times("after", cap)
@@ -162,7 +164,7 @@ def main() -> int:
         except (RuntimeError, subprocess.CalledProcessError) as e:
             sys.exit(f"bench_vision_encode: {e}")
         raw.write_text(json.dumps(result, indent=1))
-    kept = keep_raw_results(raw, args.doc.with_name(RAW_NAME), args.report_only)
+    kept = keep_raw_results(raw, data_file(args.doc, RAW_NAME), args.report_only)
     write_report(json.loads(kept.read_text()), args)
     return 0
 

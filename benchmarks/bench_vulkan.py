@@ -8,7 +8,7 @@ type's ratio to Q4_0 measured in the same run; with the device's name as the dri
 phone's or a desktop's GPU: the report says which device it was, and a GPU run belongs next to it.
 
     bash ci/build.sh vulkan
-    .venv/bin/python benchmarks/bench_vulkan.py                 # one token (--tokens 1 512 on a GPU); measures, writes docs/benchmarks-vulkan.json and
+    .venv/bin/python benchmarks/bench_vulkan.py                 # one token (--tokens 1 512 on a GPU); measures, writes docs/data/benchmarks-vulkan.json and
                                                                 # the section "Vulkan (MUL_MAT)" of docs/benchmarks.md
     .venv/bin/python benchmarks/bench_vulkan.py --report-only   # the section again from the kept results
 """
@@ -30,7 +30,7 @@ from gguf_s3d8.fsio import atomic_write
 
 BIN = ROOT / "build" / "vulkan" / "bin"
 DOC = ROOT / "docs" / "benchmarks.md"
-RESULTS = ROOT / "docs" / "benchmarks-vulkan.json"
+RESULTS = ROOT / "docs" / "data" / "benchmarks-vulkan.json"
 TYPES = ("s3d8", "q4_0", "q2_K", "iq2_s")
 TOKENS = (1, 512)  # --tokens: lavapipe takes minutes per 512-token case, so run those on a GPU
 M, K = 4096, 14336

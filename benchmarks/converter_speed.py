@@ -57,7 +57,7 @@ from report_sections import write_section  # type: ignore[import-not-found]
 PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 MAIN_JOB = ROOT / ".cache" / "main-job"
 DOC = ROOT / "docs" / "benchmarks.md"
-KEPT = ROOT / "docs" / "benchmarks-converter.json"
+KEPT = ROOT / "docs" / "data" / "benchmarks-converter.json"
 #: Llama-3.2-11B-Vision's S3D8 weights (config.json of meta-llama/Llama-3.2-11B-Vision-Instruct)
 TEXT_LAYERS, HIDDEN, FFN, KV = 40, 4096, 14336, 1024
 VISION_LAYERS, V_HIDDEN, V_FFN, PROJ = 32 + 8, 1280, 5120, (4096, 7680)

@@ -16,9 +16,9 @@ against bits per value (K only, V only, K+V; one colour per type). Typical runs 
 for quality on SmolLM2-135M, 5 min on the tiny mllama, 5 min for speed):
 
     python benchmarks/kv_cache.py quality --model .cache/main-job/smollm2-135m-f16.gguf \\
-        --json docs/kv_cache_smollm2.json --plot docs/kv_cache_smollm2.png
-    python benchmarks/kv_cache.py quality --model tiny-mllama --json docs/kv_cache_tiny_mllama.json
-    python benchmarks/kv_cache.py speed --model .cache/main-job/smollm2-135m-f16.gguf --json docs/kv_cache_speed.json
+        --json docs/data/kv_cache_smollm2.json --plot docs/img/kv_cache_smollm2.png
+    python benchmarks/kv_cache.py quality --model tiny-mllama --json docs/data/kv_cache_tiny_mllama.json
+    python benchmarks/kv_cache.py speed --model .cache/main-job/smollm2-135m-f16.gguf --json docs/data/kv_cache_speed.json
 
 ``--model tiny-mllama`` converts the random tiny Llama 3.2 Vision of the parity tests (heads of 128, which
 ``q4_hqq_128`` needs) to an f16 text GGUF first.

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """The lint and type-check step of ``ci/test.sh``: ``ruff check`` and ``mypy`` over the whole Python tree, and the
-import-layer check (``tools/import_graph.py --check``: no upward edge, no cycle; ``docs/python-layers.md``).
+import-layer check (``tools/import_graph.py --check``: no upward edge, no cycle; ``docs/python-layers.md``) and the
+markdown links (``tools/check_links.py``: every relative link in README.md and docs/*.md resolves).
 
 Both are configured in ``pyproject.toml`` (``[tool.ruff]``, ``[tool.mypy]``: which rules, which files) and
 installed by ``ci/setup.sh`` (the ``dev`` extra). Each is one test case of a JUnit file (``--junitxml``), so that
 ``ci/summarize.py`` counts them like the other suites; a tool that finds anything, or cannot run, fails its case
 with the tool's output as the message.
 
-    python ci/lint.py                                  # all three, output on the terminal; exit 1 on any finding
+    python ci/lint.py                                  # all four, output on the terminal; exit 1 on any finding
     python ci/lint.py --junitxml build/test-results/lint.xml
 """
 
@@ -25,6 +26,7 @@ CHECKS = {
     "ruff": [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise"],
     "mypy": [sys.executable, "-m", "mypy"],
     "imports": [sys.executable, str(REPO_ROOT / "tools" / "import_graph.py"), "--check"],
+    "links": [sys.executable, str(REPO_ROOT / "tools" / "check_links.py")],
 }
 
 

@@ -9,7 +9,7 @@ For each format id (default the ~2.7-bit ones: ``int6_g128 studentt6_g128 lloydm
    weights every step. Runs live in ``--run-root/ID-<hash of the settings>`` and resume from their checkpoints.
 2. Evaluation exactly as ``research/baselines_smollm2.py``: ``qat.text_eval.evaluate`` against the
    sweep's ``TeacherCache`` on the same windows of ``wiki_text('eval')`` (``--ctx 512 --eval-tokens 2048``), so the
-   numbers sit directly next to ``docs/baselines.json``. The student at step 0 (the run's frozen fits, the
+   numbers sit directly next to ``docs/data/baselines.json``. The student at step 0 (the run's frozen fits, the
    teacher's weights) is evaluated too: it is the sweep's direct cast, a check that the two agree.
 3. One entry per format in ``--json`` (id, family, label, bits_per_param counted as the sweep counts it, kl,
    kl_stderr, ppl, steps, settings, losses, times), rewritten atomically after each format;
@@ -91,8 +91,8 @@ def run_dir(root: Path, fmt_id: str, settings: dict[str, Any]) -> Path:
 
 
 def sweep_direct(fmt_id: str) -> dict[str, Any] | None:
-    """The sweep's direct-cast entry of this format (docs/baselines.json), to compare the step-0 student with."""
-    path = REPO / "docs" / "baselines.json"
+    """The sweep's direct-cast entry of this format (docs/data/baselines.json), to compare the step-0 student with."""
+    path = REPO / "docs" / "data" / "baselines.json"
     if not path.is_file():
         return None
     data = json.loads(path.read_text())

@@ -80,7 +80,7 @@ def main() -> int:
                    help="passed to qat.train: start from these S3D8 containers (python -m qat.gptq_s3d8) instead of "
                         "the direct cast; the step-0 evaluation is then that start")
     p.add_argument("--json", type=Path, default=REPO / "research" / "results" / "smollm2_qat.json")
-    p.add_argument("--plot", type=Path, default=REPO / "docs" / "qat.png")
+    p.add_argument("--plot", type=Path, default=REPO / "docs" / "img" / "qat.png")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     from transformers import AutoTokenizer

@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                          "convert/to_gguf.py --gptq-checkpoint; needs torch, ~10 min on 2 cores; cached - once made, "
                          "every later run measures it)")
     ap.add_argument("--plot", type=Path, default=None, metavar="PNG",
-                    help="also draw KLD against bits per weight of the variant tensors (e.g. docs/main-job.png)")
+                    help="also draw KLD against bits per weight of the variant tensors (e.g. docs/img/main-job.png)")
     args = ap.parse_args(argv)
     start = time.time()
     work = args.work or assets.cache_dir() / "main-job"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-DEFAULT_JSON = DOCS / "quality_anchors.json"
-DEFAULT_PLOT = DOCS / "quality_anchors.png"
+DEFAULT_JSON = DOCS / "data" / "quality_anchors.json"
+DEFAULT_PLOT = DOCS / "img" / "quality_anchors.png"
 DEFAULT_MARKDOWN = DOCS / "quality-anchors.md"
 IK_TYPES = ("iq2_kl", "iq2_k", "iq2_ks", "iq2_s")
 MAINLINE_TYPES = ("s3d8", "iq2_s", "iq2_m", "q2_k", "iq3_xxs")

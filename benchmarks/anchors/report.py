@@ -89,7 +89,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         "project's tools, written by `benchmarks/quality_anchors.py` (its `--help` explains the setting). The "
         "variant's type on the listed tensors, Q8_0 elsewhere; each project's own `llama-imatrix` on the main job's "
         f"training text ({results['settings']['imatrix_chunks']} × 512 tokens) and its own f16 base logits; KLD and "
-        f"PPL on {results['settings']['chunks']} × 512 held-out tokens. Raw results: `docs/quality_anchors.json`.",
+        f"PPL on {results['settings']['chunks']} × 512 held-out tokens. Raw results: `docs/data/quality_anchors.json`.",
         "",
         f"**Machine:** {m['cpu']} ({m['cores']} cores), {m['threads']} threads for every tool; load average "
         f"{m['load_before']} before, {m['load_after']} after. ik_llama.cpp: {results['ik']['source']}; mainline: "
@@ -101,7 +101,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         results["command"],
         "```",
         "",
-        "![KLD against bits per weight](quality_anchors.png)",
+        "![KLD against bits per weight](img/quality_anchors.png)",
         "",
     ]
     for mod in results["models"]:

@@ -53,4 +53,4 @@ def test_qat_rows_sit_next_to_their_format_only_when_the_eval_matches(tmp_path: 
     assert "| s3d8 | 2.700 | 0.5000 | 30.00 |" in md  # the other eval's row: in the separate table
     assert md.index("| s3d8 | 2.700 | 8.7") < md.index("| int8_g128") < md.index("| int8_g32")  # sorted by bits
     for png in ("baselines_kl.png", "baselines_ppl.png"):
-        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out / "img" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -45,4 +45,4 @@ def test_target_row_uses_the_bandwidth_around_each_round(tmp_path: Path) -> None
     # rounds: 30/33 = 91 %, 29/34 = 85 %, 31/35 = 89 % -> median 89 %, met
     assert "89% of the bandwidth around it (85%-91% over 3 rounds)" in line
     assert line.endswith("| yes |")
-    assert (tmp_path / "benchmarks.png").exists() and (tmp_path / "benchmarks-bandwidth.png").exists()
+    assert (tmp_path / "img" / "benchmarks.png").exists() and (tmp_path / "img" / "benchmarks-bandwidth.png").exists()

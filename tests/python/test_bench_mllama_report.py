@@ -34,7 +34,7 @@ def test_report_keeps_the_fastest_run_and_ratios_to_the_stock_rows(tmp_path: Pat
     assert lines["s3d8/s3d8"].endswith("| 95.0 | 320.0 | 32.0 | 2.00x | 3.20x | 2.00x |")
     assert lines["q8_0/q8_0"].endswith("| 190.0 | 100.0 | 10.0 | 1.00x | 1.00x | 0.62x |")
     assert "fastest of 2 runs" in text
-    assert (tmp_path / "benchmarks-mllama.png").exists()
+    assert (tmp_path / "img" / "benchmarks-mllama.png").exists()
 
 
 def test_ratios_without_a_stock_row_are_left_blank(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ by ``ci/ui.sh``). The page is given ``temperature`` 0 and ``max_tokens`` through
 * an image the browser cannot decode: a message on the page, no spinner left (the server refuses it with 400).
 
 No page state is left waiting: every step ends with neither a spinner nor a stop button (``chat.cjs``). The chat's
-screenshot is written under the test's temporary folder; with ``S3D8_UI_SCREENSHOTS=DIR`` also into DIR (``docs/``
+screenshot is written under the test's temporary folder; with ``S3D8_UI_SCREENSHOTS=DIR`` also into DIR (``docs/img/``
 keeps the ones ``docs/server.md`` shows). ``S3D8_UI_PATH=DIR`` has the servers serve the UI build in DIR
 (``llama-server --path``) instead of the page they embed: to try a UI change without rebuilding llama-server.
 Without a chromium browser the browser tests skip, saying so (``S3D8_CHROMIUM`` names another executable).
