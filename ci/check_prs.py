@@ -2,8 +2,9 @@
 """Build each pull request's prefix of the patch series and run its topic's tests (docs/upstreaming.md, "The PRs").
 
 The series is ordered as upstream would merge it: standalone fixes, then S3D8 (CPU), then mllama, then the KV-cache
-types. A PR is the patches after the previous PR's last one up to its own last one (``PRS``); this script applies
-each prefix of the series that ends a PR to a fresh copy of the pin, builds it with the host preset's settings
+types, the two CPU kernels and S3D8 on Vulkan. ``ggml-patches/series`` groups it by PR (a ``# PR <name>: <title>``
+header above each PR's patches, ``ci/patches.py``); this script applies each prefix of the series that ends a PR to a
+fresh copy of the pin, builds it with the host preset's settings
 (the tools and upstream's own test suite; this project's C tests need the whole series and are left to ``ci/test.sh``)
 and runs upstream's suite (label ``main``, less the network checks of the ``upstream`` test preset) plus the PR's
 own checks. CI does not run it (one build per PR); run it before proposing the PRs:
@@ -12,7 +13,8 @@ own checks. CI does not run it (one build per PR); run it before proposing the P
     python3 ci/check_prs.py --only s3d8     # one of them
     python3 ci/check_prs.py --full          # also upstream's two all-architecture state tests (~12 min more each)
 
-It fails (exit 1) when ``PRS`` does not partition the series, or a prefix does not apply, build or pass.
+It fails (exit 1) when ``series`` has a PR without patches, ``CHECKS`` or ``VULKAN`` name a PR that ``series`` lacks,
+or a prefix does not apply, build or pass.
 """
 
 from __future__ import annotations
@@ -35,33 +37,26 @@ REPO = upstream.REPO_ROOT
 
 @dataclass(frozen=True)
 class PR:
-    name: str
-    last: str  # subject of the PR's last patch
+    name: str  # the name in its ``# PR <name>: <title>`` header in series
+    title: str
     checks: tuple[tuple[str, ...], ...] = ()  # extra commands, run in the build's bin/ folder
     vulkan: bool = False  # build ggml-vulkan too (its checks run on the first Vulkan device: lavapipe here)
 
 
-PRS = (
-    PR("fixes", "llama-quantize : list the fallbacks with their reasons and the weights per type at the end of a run"),
-    # the type, its kernels, gguf-py, llama-quantize and the tests, then GPTQ for S3D8 in C (ggml_s3d8_quantize_gptq,
-    # llama-imatrix --save-xtx, llama-quantize --hessian; their own tests, tests/python/test_gptq_c.py, are
-    # ci/test.sh's)
-    PR("s3d8", "llama-quantize : --hessian runs GPTQ for S3D8 tensors",
-       (("./test-backend-ops", "test", "-b", "CPU", "-p", "s3d8"),)),
-    PR("mllama", "common : --image-max-tiles for llama-mtmd-cli and llama-server"),
-    PR("kv-types", "llama : a KV cache whose type the layer's device cannot write stays in host memory"),
-    # the CPU flash-attention kernel for long, short-headed attention (the mllama vision encoder): independent of the
-    # rest, near the end so that no other patch is rebased over it
-    PR("cpu-fa", "ggml-cpu : tiled flash attention with taller Q blocks, a mask summary and vector reductions",
-       (("./test-backend-ops", "test", "-o", "FLASH_ATTN_EXT", "-b", "CPU", "-p", "nb=600"),)),
-    # the vector GELU (erf) of the CPU backend (the same encoder's MLP), independent of the rest
-    PR("cpu-gelu", "ggml-cpu : vectorized GELU (erf) for F32",
-       (("./test-backend-ops", "test", "-o", "GELU_ERF", "-b", "CPU"),)),
+#: each PR's own checks beyond upstream's suite (commands run in the build's bin/ folder), by its name in series
+CHECKS: dict[str, tuple[tuple[str, ...], ...]] = {
+    # the type, its kernels, gguf-py, llama-quantize and the tests, then GPTQ for S3D8 in C (their own tests,
+    # tests/python/test_gptq_c.py, are ci/test.sh's)
+    "s3d8": (("./test-backend-ops", "test", "-b", "CPU", "-p", "s3d8"),),
+    # the CPU flash-attention kernel for long, short-headed attention (the mllama vision encoder)
+    "cpu-fa": (("./test-backend-ops", "test", "-o", "FLASH_ATTN_EXT", "-b", "CPU", "-p", "nb=600"),),
+    # the vector GELU (erf) of the CPU backend (the same encoder's MLP)
+    "cpu-gelu": (("./test-backend-ops", "test", "-o", "GELU_ERF", "-b", "CPU"),),
     # S3D8 on ggml-vulkan (docs/gpu.md): the headers guard, the shaders and ops, the odd-slice test cases
-    PR("vulkan-s3d8", "tests : S3D8 cases at k = 4096 and with slices of an odd number of bytes",
-       (("env", "GGML_VK_VISIBLE_DEVICES=0", "./test-backend-ops", "test", "-b", "Vulkan0", "-p", "s3d8"),),
-       vulkan=True),
-)
+    "vulkan-s3d8": (("env", "GGML_VK_VISIBLE_DEVICES=0", "./test-backend-ops", "test", "-b", "Vulkan0", "-p", "s3d8"),),
+}
+#: the PRs built with GGML_VULKAN=ON
+VULKAN = frozenset({"vulkan-s3d8"})
 UPSTREAM_TOOLS = ("llama-cli", "llama-mtmd-cli", "llama-server", "llama-quantize", "llama-bench", "llama-perplexity",
                   "llama-imatrix", "llama-tokenize")
 #: upstream's tests that cover every architecture's state save/restore (~9 min together on 2 cores): --full only
@@ -83,21 +78,21 @@ def subject(patch: Path) -> str:
 
 
 def prefixes(patch_dir: Path = patches.PATCH_DIR) -> list[tuple[PR, list[Path]]]:
-    """Each PR with the series' prefix that ends with its last patch; PRS must cover the series in order."""
-    series = patches.series(patch_dir)
-    subjects = [subject(p) for p in series]
+    """Each PR of ``series`` (in order) with the series' prefix that ends with its last patch."""
+    groups = patches.groups(patch_dir)
+    names = [g.name for g, _ in groups]
+    for what, keys in (("CHECKS", set(CHECKS)), ("VULKAN", set(VULKAN))):
+        unknown = sorted(keys - set(names))
+        if unknown:
+            raise patches.PatchError(f"{what} in ci/check_prs.py names PRs that {patches.SERIES_FILE} does not have: "
+                                     f"{', '.join(unknown)}")
     out: list[tuple[PR, list[Path]]] = []
-    end = 0
-    for pr in PRS:
-        if pr.last not in subjects:
-            raise patches.PatchError(f"PR {pr.name}: no patch of the series has the subject {pr.last!r}")
-        stop = subjects.index(pr.last) + 1
-        if stop <= end:
-            raise patches.PatchError(f"PR {pr.name} ends before the PR ahead of it")
-        out.append((pr, series[:stop]))
-        end = stop
-    if end != len(series):
-        raise patches.PatchError(f"the patches after {subjects[end - 1]!r} belong to no PR (extend PRS)")
+    done: list[Path] = []
+    for g, files in groups:
+        if not files:
+            raise patches.PatchError(f"PR {g.name} has no patches in {patches.SERIES_FILE}: remove its header")
+        done = done + files
+        out.append((PR(g.name, g.title, CHECKS.get(g.name, ()), g.name in VULKAN), done))
     return out
 
 
@@ -118,13 +113,21 @@ PR_TREE = REPO / "work" / "pr-check" / "llama.cpp"
 PR_BUILD = REPO / "build" / "pr-check"
 
 
+def write_prefix(pr: PR, prefix: list[Path], dest: Path, patch_dir: Path = patches.PATCH_DIR) -> None:
+    """A patch folder in ``dest`` holding the series' ``prefix`` up to ``pr`` (one PR group, as ``apply`` reads it)."""
+    names = [patches.name(p, patch_dir) for p in prefix]
+    for p, n in zip(prefix, names, strict=True):
+        (dest / n).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(p, dest / n)
+    (dest / patches.SERIES_FILE).write_text(f"# PR {pr.name}: the series up to and with {pr.name}\n"
+                                            + "".join(f"{n}\n" for n in names))
+
+
 def check(pr: PR, prefix: list[Path], full: bool) -> bool:
     with tempfile.TemporaryDirectory(dir=upstream.cache_root()) as tmp:
         subset = Path(tmp) / "series"
         subset.mkdir()
-        for p in prefix:
-            shutil.copy(p, subset / p.name)
-        (subset / patches.SERIES_FILE).write_text("".join(f"{p.name}\n" for p in prefix))
+        write_prefix(pr, prefix, subset)
         # apply into a fresh copy, then move only the files that differ into PR_TREE (unchanged files keep their
         # times, so ninja does not rebuild them)
         fresh = patches.apply(Path(tmp) / "llama.cpp", subset)
@@ -180,13 +183,16 @@ def sync_tree(src: Path, dest: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=[pr.name for pr in PRS], help="check one PR's prefix")
+    ap.add_argument("--only", metavar="PR", help="check one PR's prefix (a name of series' `# PR <name>:` headers)")
     ap.add_argument("--full", action="store_true", help=f"also run {', '.join(LONG_TESTS)}")
     ap.add_argument("--list", action="store_true", help="print the PRs and their patches, build nothing")
     args = ap.parse_args(argv)
     try:
         upstream.fetch()
         plan = prefixes()
+        if args.only and args.only not in [pr.name for pr, _ in plan]:
+            raise patches.PatchError(f"no PR {args.only!r} in {patches.SERIES_FILE}: "
+                                     f"{', '.join(pr.name for pr, _ in plan)}")
     except (patches.PatchError, upstream.UpstreamError) as e:
         print(f"check-prs: error: {e}", file=sys.stderr)
         return 1
@@ -194,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for pr, prefix in plan:
         if args.list:
-            print(f"{pr.name}:")
+            print(f"{pr.name}: {pr.title}")
             for p in prefix[start:]:
-                print(f"    {p.name}")
+                print(f"    {patches.name(p)}")
         elif args.only in (None, pr.name):
             try:
                 results.append(check(pr, prefix, args.full))

@@ -124,18 +124,19 @@ def apply_each(tree: Path, patch_dir: Path) -> list[tuple[str, str, str]]:
     """Apply the series patch by patch, continuing past failures, and classify each one."""
     out = []
     for p in patches.series(patch_dir):
+        name = patches.name(p, patch_dir)
         clean = _git(tree, "apply", "--check", str(p), check=False)
         if clean.returncode == 0:
             _git(tree, "am", "--keep-cr", str(p))
-            out.append((p.name, "clean", ""))
+            out.append((name, "clean", ""))
             continue
         fuzzy = _git(tree, "apply", "--check", "-C1", str(p), check=False)
         if fuzzy.returncode == 0:
             _git(tree, "apply", "-C1", "--index", str(p))
-            _git(tree, "commit", "-q", "--no-verify", "-m", f"(fuzzy) {p.name}")
-            out.append((p.name, "drift", "applies only with reduced context"))
+            _git(tree, "commit", "-q", "--no-verify", "-m", f"(fuzzy) {name}")
+            out.append((name, "drift", "applies only with reduced context"))
         else:
-            out.append((p.name, "FAILS", clean.stderr.strip().splitlines()[0] if clean.stderr.strip() else ""))
+            out.append((name, "FAILS", clean.stderr.strip().splitlines()[0] if clean.stderr.strip() else ""))
     return out
 
 

@@ -1,6 +1,6 @@
 """HF ``MllamaForConditionalGeneration`` (Llama 3.2 Vision) -> two GGUF files, both by the series' upstream-style
-model classes (``ggml-patches/*-convert-add-mllama.patch``: ``conversion/mllama.py`` in the patched tree, run in this
-process by ``convert/upstream_source.py``, like every other architecture):
+model classes (``ggml-patches/mllama/03-convert-add-mllama.patch``: ``conversion/mllama.py`` in the patched tree,
+run in this process by ``convert/upstream_source.py``, like every other architecture):
 
 * the **text model** (``MllamaTextModel``), GGUF architecture ``mllama``: a Llama 3.1 decoder in which the layers
   listed in ``cross_attention_layers`` are cross-attention blocks attending the projected image features;

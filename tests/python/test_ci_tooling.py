@@ -36,6 +36,17 @@ def append(path: str, text: str) -> Callable[[Path], int]:
     return lambda t: (t / path).write_text((t / path).read_text() + text)
 
 
+HEADER = "# PR test: the test patches\n"
+
+
+def new_series(tmp_path: Path, name: str = "series", text: str = HEADER) -> Path:
+    """A patch folder whose ``series`` holds only PR headers (``text``): where ``export`` puts new patches."""
+    d = tmp_path / name
+    d.mkdir()
+    (d / "series").write_text(text)
+    return d
+
+
 def commit_change(tree: Path, message: str, edit) -> None:
     edit(tree)
     patches.git(tree, "add", "-A")
@@ -117,7 +128,7 @@ def test_empty_series_round_trips(tmp_path: Path, pinned_tree: Path) -> None:
 
 
 def test_series_round_trips_byte_identically(tmp_path: Path, pinned_tree: Path) -> None:
-    series = tmp_path / "series"
+    series = new_series(tmp_path)
     tree = patches.apply(tmp_path / "tree", series)
 
     def edit_header(t: Path) -> None:
@@ -131,8 +142,9 @@ def test_series_round_trips_byte_identically(tmp_path: Path, pinned_tree: Path) 
     commit_change(tree, "ggml : add a test type\n\nBody explaining why.", edit_header)
     commit_change(tree, "docs : new files", add_files)
     exported = patches.export(tree, series)
-    assert [p.name for p in exported] == ["ggml-add-a-test-type.patch", "docs-new-files.patch"]
-    assert (series / "series").read_text() == "ggml-add-a-test-type.patch\ndocs-new-files.patch\n"
+    assert [patches.name(p, series) for p in exported] == ["test/01-ggml-add-test-type.patch",
+                                                          "test/02-docs-new-files.patch"]
+    assert (series / "series").read_text() == HEADER + "test/01-ggml-add-test-type.patch\ntest/02-docs-new-files.patch\n"
     first = exported[0].read_text()
     assert first.startswith("From 0000000000000000000000000000000000000000 ")  # no commit hashes
     assert "Body explaining why." in first
@@ -140,7 +152,7 @@ def test_series_round_trips_byte_identically(tmp_path: Path, pinned_tree: Path) 
     patches.check(series)  # apply → export in a temp dir reproduces the bytes
     # and a second export from a fresh apply is byte-identical too
     tree2 = patches.apply(tmp_path / "tree2", series)
-    again = tmp_path / "again"
+    again = new_series(tmp_path, "again")
     patches.export(tree2, again)
     assert {p.name: p.read_bytes() for p in patches.series(again)} == before
     assert (tree2 / "crlf.txt").read_bytes() == b"windows\r\nline endings\r\n"
@@ -148,13 +160,13 @@ def test_series_round_trips_byte_identically(tmp_path: Path, pinned_tree: Path) 
 
 
 def test_patch_that_no_longer_applies_fails_clearly(tmp_path: Path, pinned_tree: Path) -> None:
-    series = tmp_path / "series"
+    series = new_series(tmp_path)
     tree = patches.apply(tmp_path / "tree", series)
     commit_change(tree, "ggml : touch the header",
                   lambda t: (t / "ggml/include/ggml.h").write_text((t / "ggml/include/ggml.h").read_text() + "// x\n"))
     [p] = patches.export(tree, series)
     p.write_text(p.read_text().replace(" #ifdef  __cplusplus\n", " #ifdef  __cplusplus_changed_upstream\n"))
-    with pytest.raises(patches.PatchError, match=r"patch ggml-touch-the-header.patch does not apply cleanly") as e:
+    with pytest.raises(patches.PatchError, match=r"patch test/01-ggml-touch-header.patch does not apply cleanly") as e:
         patches.apply(tmp_path / "tree3", series)
     assert "ggml/include/ggml.h" in str(e.value)
     # `git am -3` leaves the session open so that the conflict can be resolved in place, and says how
@@ -166,7 +178,7 @@ def test_conflict_is_resolved_in_place_and_am_continue_applies_the_rest(tmp_path
     """Three patches, the middle one no longer applies: apply stops at it (naming it), the first is committed, the
     tree is left in `git am`'s state; resolving it and `git am --continue` applies the
     third too, and export then writes the resolved series."""
-    series = tmp_path / "series"
+    series = new_series(tmp_path)
     tree = patches.apply(tmp_path / "tree", series)
 
     commit_change(tree, "docs : first", append("README.md", "\nfirst\n"))
@@ -176,7 +188,7 @@ def test_conflict_is_resolved_in_place_and_am_continue_applies_the_rest(tmp_path
     # upstream "moved" the header's last line: the second patch's context no longer matches
     second.write_text(second.read_text().replace(" #endif\n+// second", " #endif // moved\n+// second"))
     stuck = tmp_path / "stuck"
-    with pytest.raises(patches.PatchError, match=r"patch ggml-second.patch does not apply cleanly") as e:
+    with pytest.raises(patches.PatchError, match=r"patch test/02-ggml-second.patch does not apply cleanly") as e:
         patches.apply(stuck, series)
     assert "git am --continue" in str(e.value)
     assert (stuck / ".git" / "rebase-apply").is_dir()
@@ -192,46 +204,102 @@ def test_conflict_is_resolved_in_place_and_am_continue_applies_the_rest(tmp_path
     assert (stuck / "README.md").read_text().endswith("\nfirst\nthird\n")
 
 
-def test_adding_a_patch_renames_no_other_file(tmp_path: Path, pinned_tree: Path) -> None:
-    """Unnumbered names plus the series file: a patch inserted in the middle adds one file and one series line;
-    every other patch file keeps its name and bytes."""
-    series = tmp_path / "series"
+def test_a_new_patch_joins_the_pr_before_it(tmp_path: Path, pinned_tree: Path) -> None:
+    """export keeps series' preamble, PR headers and their comment lines; a patch inserted after a PR's last patch
+    joins that PR (numbered after it), a patch whose line is moved under another header moves to that PR, and the
+    other files keep their names and bytes."""
+    text = "# the series\n\n# PR one: the first PR\n# what it does\n\n# PR two: the second PR\n"
+    series = new_series(tmp_path, text=text)
     tree = patches.apply(tmp_path / "tree", series)
-
     commit_change(tree, "docs : first", append("README.md", "\nfirst\n"))
     commit_change(tree, "docs : last", append("README.md", "last\n"))
-    before = {p.name: p.read_bytes() for p in patches.export(tree, series)}
-    # insert a commit between the two (rebase onto a new middle commit)
+    # new patches at the start join the first PR
+    patches.export(tree, series)
+    assert (series / "series").read_text() == ("# the series\n\n# PR one: the first PR\n# what it does\n"
+                                               "one/01-docs-first.patch\none/02-docs-last.patch\n\n"
+                                               "# PR two: the second PR\n")
+    # move the last patch to PR two by its line, as a maintainer would, and export again: it is renamed
+    (series / "series").write_text((series / "series").read_text().replace("one/02-docs-last.patch\n", "")
+                                   + "one/02-docs-last.patch\n")
+    before = {patches.name(p, series): p.read_bytes() for p in patches.export(tree, series)}
+    assert list(before) == ["one/01-docs-first.patch", "two/01-docs-last.patch"]
+    assert not (series / "one" / "02-docs-last.patch").exists()
+    # insert a commit between the two (rebase onto a new middle commit): it joins PR one
     patches.git(tree, "checkout", "-q", "-b", "mid", "HEAD~1")
     commit_change(tree, "ggml : middle", append("ggml/include/ggml.h", "// middle\n"))
     patches.git(tree, "cherry-pick", "main", env=IDENT)
-    after = {p.name: p.read_bytes() for p in patches.export(tree, series)}
-    assert (series / "series").read_text() == "docs-first.patch\nggml-middle.patch\ndocs-last.patch\n"
-    assert set(after) - set(before) == {"ggml-middle.patch"}
+    after = {patches.name(p, series): p.read_bytes() for p in patches.export(tree, series)}
+    assert (series / "series").read_text() == ("# the series\n\n# PR one: the first PR\n# what it does\n"
+                                               "one/01-docs-first.patch\none/02-ggml-middle.patch\n\n"
+                                               "# PR two: the second PR\ntwo/01-docs-last.patch\n")
+    assert set(after) - set(before) == {"one/02-ggml-middle.patch"}
     assert all(after[name] == data for name, data in before.items())
-    patches.check(series)
+    assert [(g.name, g.title, [patches.name(f, series) for f in files]) for g, files in patches.groups(series)] == [
+        ("one", "the first PR", ["one/01-docs-first.patch", "one/02-ggml-middle.patch"]),
+        ("two", "the second PR", ["two/01-docs-last.patch"])]
+    patches.check(series)  # the round trip keeps the headers byte for byte
+
+
+def test_export_refuses_prs_out_of_order_and_a_series_without_prs(tmp_path: Path, pinned_tree: Path) -> None:
+    series = new_series(tmp_path, text="# PR one: first\n\n# PR two: second\n")
+    tree = patches.apply(tmp_path / "tree", series)
+    commit_change(tree, "docs : first", append("README.md", "\nfirst\n"))
+    commit_change(tree, "docs : second", lambda t: (t / "NOTE.md").write_text("note\n"))
+    patches.export(tree, series)
+    text = (series / "series").read_text()
+    (series / "series").write_text(text.replace("one/02-docs-second.patch\n", "") + "one/02-docs-second.patch\n")
+    patches.export(tree, series)  # now one/01-docs-first.patch, two/01-docs-second.patch
+    # the commits swapped: PR two's patch would come before PR one's
+    patches.git(tree, "rebase", "-q", "--onto", patches.BASE_TAG, "HEAD~1", env=IDENT)
+    commit_change(tree, "docs : first", append("README.md", "\nfirst\n"))
+    with pytest.raises(patches.PatchError, match=r"patch 'docs : first' of PR one comes after a patch of PR two"):
+        patches.export(tree, series)
+    assert [patches.name(p, series) for p in patches.series(series)] == ["one/01-docs-first.patch",
+                                                                          "two/01-docs-second.patch"]  # untouched
+    with pytest.raises(patches.PatchError, match=r"no `# PR <name>: <title>` header"):
+        patches.export(tree, tmp_path / "bare")
 
 
 def test_series_file_and_folder_must_agree(tmp_path: Path) -> None:
     d = tmp_path / "series"
-    d.mkdir()
-    (d / "a.patch").write_text("x")
+    (d / "x").mkdir(parents=True)
+    (d / "x" / "01-a.patch").write_text("x")
     with pytest.raises(patches.PatchError, match="no series file"):
         patches.series(d)
-    (d / "series").write_text("a.patch\nb.patch\n")
-    with pytest.raises(patches.PatchError, match="listed but missing: b.patch"):
+    (d / "series").write_text("# PR x: the x PR\nx/01-a.patch\nx/02-b.patch\n")
+    with pytest.raises(patches.PatchError, match="listed but missing: x/02-b.patch"):
         patches.series(d)
-    (d / "series").write_text("")
-    with pytest.raises(patches.PatchError, match="not listed: a.patch"):
+    (d / "series").write_text("# PR x: the x PR\n")
+    with pytest.raises(patches.PatchError, match="not listed: x/01-a.patch"):
         patches.series(d)
-    (d / "series").write_text("# comment\na.patch\n")
-    assert patches.series(d) == [d / "a.patch"]
-    assert patches.unnumbered_names(["0001-x.patch", "0002-y.patch", "0003-x.patch"]) == ["x.patch", "y.patch",
-                                                                                          "x-2.patch"]
+    (d / "series").write_text("# comment\n\n# PR x: the x PR\n# about x\nx/01-a.patch\n")
+    assert patches.series(d) == [d / "x" / "01-a.patch"]
+    layout = patches.read_layout(d)
+    assert layout.preamble == ["# comment", ""] and layout.groups[0].text == ["# PR x: the x PR", "# about x"]
+    assert layout.render() == (d / "series").read_text()
+    # a patch outside any PR, a malformed or repeated header, a comment between a PR's patches: refused, with the line
+    for text, error in (("x/01-a.patch\n# PR x: the x PR\n", r"series:1: x/01-a.patch belongs to no PR"),
+                        ("# PR X: upper case\nx/01-a.patch\n", r"series:1: a PR header is"),
+                        ("# PR x: one\n# PR x: two\n", r"series:2: a second header for PR x"),
+                        ("# PR x: t\nx/01-a.patch\n# late\n", r"series:3: a comment between the patches of PR x")):
+        (d / "series").write_text(text)
+        with pytest.raises(patches.PatchError, match=error):
+            patches.series(d)
+
+
+def test_patch_names_are_short_words_of_the_subject() -> None:
+    assert patches.patch_stem("ggml : add GGML_TYPE_S3D8 type traits, validation and quantization") == \
+        "ggml-add-GGML_TYPE_S3D8-type-traits-validation"  # cut at a word, no dangling "and"
+    assert patches.patch_stem("llama, mtmd : validate slice-quantized tensors at load") == \
+        "llama-mtmd-validate-slice-quantized-tensors-at-load"
+    assert patches.patch_stem("convert : write mllama's max_image_tiles") == "convert-write-mllama-max_image_tiles"
+    assert patches.patch_stem("llama : add LLAMA_FTYPE_MOSTLY_Q4_HQQ(_128) and llama-quantize support") == \
+        "llama-add-LLAMA_FTYPE_MOSTLY_Q4_HQQ-128"  # "(_128)": no stray underscore
+    assert all(len(patches.name(p)) <= 75 for p in patches.series())
 
 
 def test_apply_refuses_to_destroy_uncommitted_work(tmp_path: Path, pinned_tree: Path) -> None:
-    series = tmp_path / "series"
+    series = new_series(tmp_path)
     tree = patches.apply(tmp_path / "tree", series)
     (tree / "README.md").write_text("local edit")
     with pytest.raises(patches.PatchError, match="uncommitted changes"):
@@ -250,8 +318,7 @@ def test_apply_refuses_to_destroy_uncommitted_work(tmp_path: Path, pinned_tree: 
 
 
 def test_sync_reapplies_a_stale_clean_tree(tmp_path: Path, pinned_tree: Path) -> None:
-    series = tmp_path / "series"
-    series.mkdir()
+    series = new_series(tmp_path)
     tree = tmp_path / "tree"
     assert patches.sync(tree, series) == "applied"
     assert patches.sync(tree, series) == "up to date"
@@ -271,7 +338,7 @@ def test_enum_parser_sees_live_and_removed_types(pinned_tree: Path) -> None:
 
 
 def test_type_id_collision_is_detected(tmp_path: Path, pinned_tree: Path) -> None:
-    series = tmp_path / "series"
+    series = new_series(tmp_path)
     tree = patches.apply(tmp_path / "tree", series)
 
     def add_type(t: Path) -> None:
@@ -296,7 +363,7 @@ def test_the_committed_series_round_trips_and_has_no_collision(pinned_tree: Path
 
 def test_check_upstream_reports_drift_and_failures_against_another_tree(tmp_path: Path, pinned_tree: Path) -> None:
     """A second upstream checkout where the code the patches touch moved or changed."""
-    series = tmp_path / "series"
+    series = new_series(tmp_path)
     tree = patches.apply(tmp_path / "tree", series)
 
     def replace(old: str, new: str, path: str = "ggml/include/ggml.h"):
@@ -402,7 +469,7 @@ def test_rebase_moves_the_series_onto_another_tree(tmp_path: Path, pinned_tree: 
     """`patches.py rebase` replays the series onto another upstream tree with three-way merges: a patch whose
     context upstream changed (which `git am` refuses on a fresh tree) lands, and a real conflict stops with the
     patch and the file named, in `git rebase`'s state."""
-    series = tmp_path / "series"
+    series = new_series(tmp_path)
     tree = patches.apply(tmp_path / "tree", series)
 
     def edit_line(path: str, n: int, text: str):
@@ -440,7 +507,7 @@ def test_a_type_id_of_a_neighbour_tree_fails_unless_documented(monkeypatch, tmp_
     """ik_llama.cpp (a neighbour) uses 97-99 for in-memory types: documented; any other shared id fails."""
     series = tmp_path / "series"
     series.mkdir()
-    (series / "series").write_text("x.patch\n")
+    (series / "series").write_text("# PR x: one patch\nx.patch\n")
     (series / "x.patch").write_text("diff --git a/ggml/include/ggml.h b/ggml/include/ggml.h\n--- a/ggml/include/ggml.h\n"
                                     "+++ b/ggml/include/ggml.h\n@@ -1 +1,3 @@\n+        GGML_TYPE_MINE = 97,\n"
                                     "+        GGML_TYPE_OTHER = 120,\n")
@@ -498,28 +565,72 @@ def test_the_prs_partition_the_series() -> None:
     plan = check_prs.prefixes()
     assert [pr.name for pr, _ in plan] == ["fixes", "s3d8", "mllama", "kv-types", "cpu-fa", "cpu-gelu", "vulkan-s3d8"]
     vulkan = plan[-1][1][len(plan[-2][1]):]
-    assert [p.name for p in vulkan] == ["ggml-vulkan-build-with-Vulkan-headers-older-than-1.3.272.patch",
-                                        "ggml-vulkan-add-S3D8-MUL_MAT-MUL_MAT_ID-and-GET_ROWS.patch",
-                                        "tests-S3D8-cases-at-k-4096-and-with-slices-of-an-odd-number-of-bytes.patch"]
+    assert [patches.name(p) for p in vulkan] == [
+        "vulkan-s3d8/01-ggml-vulkan-build-with-Vulkan-headers-older.patch",
+        "vulkan-s3d8/02-ggml-vulkan-add-S3D8-MUL_MAT-MUL_MAT_ID-and-GET_ROWS.patch",
+        "vulkan-s3d8/03-tests-S3D8-cases-at-k-4096-and-with-slices-of-odd.patch"]
     assert plan[-1][0].vulkan and not any(pr.vulkan for pr, _ in plan[:-1])
     guard = "\n".join(ln for ln in vulkan[0].read_text().splitlines() if ln.startswith("+"))
     assert "S3D8" not in guard and "s3d8" not in guard
-    s3d8 = [p.name for p in plan[1][1][len(plan[0][1]):]]
-    assert s3d8[0].startswith("ggml-add-GGML_TYPE_S3D8") and s3d8[-3:] == [
-        "ggml-S3D8-GPTQ-with-a-given-Hessian-ggml_s3d8_quantize_gptq.patch",
-        "imatrix-save-xtx-saves-each-weight-input-s-X-T-X-for-GPTQ.patch",
-        "llama-quantize-hessian-runs-GPTQ-for-S3D8-tensors.patch"]
+    s3d8 = [patches.name(p) for p in plan[1][1][len(plan[0][1]):]]
+    assert s3d8[0].startswith("s3d8/01-ggml-add-GGML_TYPE_S3D8") and s3d8[-3:] == [
+        "s3d8/09-ggml-S3D8-GPTQ-with-given-Hessian.patch",
+        "s3d8/10-imatrix-save-xtx-saves-each-weight-input-X-T-X.patch",
+        "s3d8/11-llama-quantize-hessian-runs-GPTQ-for-S3D8-tensors.patch"]
+    assert plan[1][0].checks == (("./test-backend-ops", "test", "-b", "CPU", "-p", "s3d8"),)
     for i in (-2, -3):
         assert len(plan[i][1]) - len(plan[i - 1][1]) == 1
         added = "\n".join(ln for ln in plan[i][1][-1].read_text().splitlines() if ln.startswith("+"))
         for word in ("S3D8", "s3d8", "HQQ", "TQ3_0", "cross_attn"):
             assert word not in added, (plan[i][0].name, word)
     assert plan[-1][1] == patches.series()
+    start = 0
+    for pr, prefix in plan:
+        assert {p.parent.name for p in prefix[start:]} == {pr.name}  # a PR's patches are its folder's
+        start = len(prefix)
     fixes = plan[0][1]
     for p in fixes:
         added = "\n".join(ln for ln in p.read_text().splitlines() if ln.startswith("+") or ln.startswith("Subject"))
         for word in ("S3D8", "s3d8", "mllama", "HQQ", "TQ3_0", "cross_attn"):
             assert word not in added, (p.name, word)
+
+
+def test_check_prs_takes_the_prs_from_series(tmp_path: Path, monkeypatch) -> None:
+    """ci/check_prs.py's partition is series' groups (each PR's prefix ends with its last patch); its checks and
+    Vulkan flag are keyed by a PR's name there; a PR without patches, a key naming no PR of series and a patch
+    outside any PR fail clearly."""
+    import check_prs
+    d = new_series(tmp_path, text="# PR fixes: fixes\nfixes/01-a.patch\nfixes/02-b.patch\n\n"
+                                  "# PR s3d8: the type\ns3d8/01-c.patch\n\n# PR vulkan-s3d8: on Vulkan\n"
+                                  "vulkan-s3d8/01-d.patch\n")
+    for n in ("fixes/01-a", "fixes/02-b", "s3d8/01-c", "vulkan-s3d8/01-d"):
+        (d / f"{n}.patch").parent.mkdir(exist_ok=True)
+        (d / f"{n}.patch").write_text(n)
+    monkeypatch.setattr(check_prs, "CHECKS", {k: v for k, v in check_prs.CHECKS.items() if k in ("s3d8", "vulkan-s3d8")})
+    plan = check_prs.prefixes(d)
+    assert [(pr.name, pr.title, pr.vulkan, bool(pr.checks), [patches.name(p, d) for p in prefix])
+            for pr, prefix in plan] == [
+        ("fixes", "fixes", False, False, ["fixes/01-a.patch", "fixes/02-b.patch"]),
+        ("s3d8", "the type", False, True, ["fixes/01-a.patch", "fixes/02-b.patch", "s3d8/01-c.patch"]),
+        ("vulkan-s3d8", "on Vulkan", True, True, ["fixes/01-a.patch", "fixes/02-b.patch", "s3d8/01-c.patch",
+                                                  "vulkan-s3d8/01-d.patch"])]
+    # the folder check_prs applies for a prefix is a series of its own
+    subset = tmp_path / "subset"
+    subset.mkdir()
+    check_prs.write_prefix(plan[1][0], plan[1][1], subset, d)
+    assert [patches.name(p, subset) for p in patches.series(subset)] == ["fixes/01-a.patch", "fixes/02-b.patch",
+                                                                          "s3d8/01-c.patch"]
+    kept = check_prs.CHECKS
+    monkeypatch.setattr(check_prs, "CHECKS", {**kept, "gone": (("true",),)})
+    with pytest.raises(patches.PatchError, match="CHECKS in ci/check_prs.py names PRs that series does not have: gone"):
+        check_prs.prefixes(d)
+    monkeypatch.setattr(check_prs, "CHECKS", kept)
+    (d / "series").write_text((d / "series").read_text() + "\n# PR empty: nothing yet\n")
+    with pytest.raises(patches.PatchError, match="PR empty has no patches"):
+        check_prs.prefixes(d)
+    (d / "series").write_text("fixes/01-a.patch\n" + (d / "series").read_text().replace("fixes/01-a.patch\n", ""))
+    with pytest.raises(patches.PatchError, match="fixes/01-a.patch belongs to no PR"):
+        check_prs.prefixes(d)
 
 
 def test_summary_counts_every_kind_of_non_run_as_a_failure(tmp_path: Path, capsys) -> None:
