@@ -4,7 +4,7 @@ weight type, all in one run, written into the "end to end" section of docs/bench
 
 The model has the layer shapes of Llama 3 8B (hidden 4096, FFN 14336, 32 query / 8 KV heads of 128) but
 --layers of them (default 4) and SmolLM2's tokenizer (vocabulary 49152), with random weights from
-``convert.synthetic`` (speed does not depend on the values). Every variant keeps the token embedding and the
+``fixtures.synthetic`` (speed does not depend on the values). Every variant keeps the token embedding and the
 output matrix in Q8_0 and puts the type under test on every layer matrix; the stock types run with llama.cpp's
 default runtime repacking, as users get them. Types that need an importance matrix get one computed by
 llama-imatrix on the f16 model (random weights: it serves the encoder, not the quality). Not a test (timings are
@@ -62,8 +62,8 @@ def synthetic_f16(work: Path, layers: int) -> Path:
     out = work / f"llama-4096x14336-{layers}l-f16.gguf"
     if out.exists():
         return out
-    from convert.assets import smollm2_hf_dir
-    from convert.synthetic import write_tiny_llama
+    from fixtures.assets import smollm2_hf_dir
+    from fixtures.synthetic import write_tiny_llama
 
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         hf = write_tiny_llama(Path(tmp) / "hf", smollm2_hf_dir(), hidden=4096, layers=layers, heads=32, kv_heads=8,
@@ -78,7 +78,7 @@ def imatrix(work: Path, f16: Path, threads: int) -> Path:
     out = work / (f16.stem + ".imatrix.gguf")
     if out.exists():
         return out
-    from convert.assets import wiki_text
+    from fixtures.assets import wiki_text
 
     text = work / "imatrix.txt"
     text.write_text(wiki_text("train")[:200_000])

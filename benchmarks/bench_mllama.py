@@ -6,7 +6,7 @@ the "mllama" section of docs/benchmarks.md.
 The model is a random Llama 3.2 Vision with the real vision encoder (560 px tiles of 14 px patches = 1601 tokens
 per tile, hidden 1280, 32 local + 8 global layers, FFN 5120, 5 taps, max 4 tiles) and --text-layers text layers of
 the 11B model's shapes (4096 / 14336, 32 / 8 heads of 128; one of them cross-attention), built by transformers
-(``tests.mllama.tiny_model.build``) with the toy byte-level tokenizer of the parity tests. The image is a
+(``fixtures.tiny_model.build``) with the toy byte-level tokenizer of the parity tests. The image is a
 1120 x 1120 random picture, which the preprocessor cuts into 2 x 2 tiles. Q4_0 and S3D8 text come from
 llama-quantize (token embedding and output Q8_0); the converter writes F16 and Q8_0 and the S3D8 mmproj
 (llama-quantize does not read mmproj files, so there is no Q4_0 mmproj). Not a test; run by hand, the timings on a
@@ -39,7 +39,7 @@ from report_sections import write_section  # type: ignore[import-not-found]
 from gguf_s3d8.fsio import atomic_path
 
 # the toy byte-level tokenizer is none of the pre-tokenizers the converter recognises; llama.cpp's llama-bpe
-# splits its text as the tests do (tests/mllama/harness.py)
+# splits its text as the tests do (fixtures/harness.py)
 TOKENIZER = ["--tokenizer-pre", "llama-bpe"]
 # (text type, mmproj type): text types compared with the Q8_0 mmproj, mmproj types with the S3D8 text model
 # the raw results, kept next to docs/benchmarks.md
@@ -48,7 +48,7 @@ VARIANTS = [("q8_0", "q8_0"), ("q4_0", "q8_0"), ("s3d8", "q8_0"), ("s3d8", "f16"
 
 
 def full_width_config(text_layers: int) -> dict[str, Any]:
-    from tests.mllama.tiny_model import TINY_CONFIG
+    from fixtures.tiny_model import TINY_CONFIG
 
     cfg = copy.deepcopy(TINY_CONFIG)
     cfg["text_config"].update({"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": text_layers,
@@ -65,7 +65,7 @@ def checkpoint(work: Path, text_layers: int) -> Path:
     out = work / f"mllama-full-vision-{text_layers}l-hf"
     if (out / "config.json").is_file():
         return out
-    from tests.mllama.tiny_model import build
+    from fixtures.tiny_model import build
 
     tmp = Path(tempfile.mkdtemp(prefix=".hf-", dir=work))
     build(tmp, full_width_config(text_layers), seed=0)

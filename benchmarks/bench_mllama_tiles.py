@@ -9,9 +9,9 @@ scikit-image's photos; written into the "mllama-tiles" section of docs/benchmark
   and cap, the load average before and after each run recorded. The encoder works on N tile
   slots whatever the photo (the missing tiles are computed too), so the time depends on the cap, not the photo.
 * **Answer**: there is no real Llama 3.2 Vision checkpoint here, so the answer is the tiny random model's of the
-  parity tests (``tests/mllama/tiny_model.py``, 28 px tiles, f32): per cap, the greedy tokens of llama.cpp
+  parity tests (``fixtures/tiny_model.py``, 28 px tiles, f32): per cap, the greedy tokens of llama.cpp
   (``llama-mllama-dump``) and whether they are transformers' at that cap, the relative error of llama.cpp's
-  logits against transformers' at that cap (``tests/mllama/reference.py``) and against llama.cpp's own logits at
+  logits against transformers' at that cap (``fixtures/reference.py``) and against llama.cpp's own logits at
   cap 4 (how far a cap moves the answer; for a random model, not a quality measure).
 
 The canvases (tile grids) are MllamaImageProcessor's with ``max_image_tiles=N`` at each tile size. Not a test;
@@ -61,7 +61,7 @@ def grid(path: Path, tile: int, cap: int) -> list[int]:
     from PIL import Image
     from transformers.models.mllama.image_processing_pil_mllama import get_all_supported_aspect_ratios
 
-    from tests.mllama.tiny_model import image_processor
+    from fixtures.tiny_model import image_processor
 
     out = image_processor(image_size=tile, max_image_tiles=cap)(images=[[Image.open(path).convert("RGB")]],
                                                                return_tensors="np")
@@ -95,7 +95,7 @@ def answers(photos: dict[str, Path]) -> dict[str, list[dict[str, Any]]]:
     """Per photo and cap, the tiny model's greedy tokens (llama.cpp, transformers) and logits errors."""
     from PIL import Image
 
-    from tests.mllama import harness, reference as R, tiny_model as T
+    from fixtures import harness, reference as R, tiny_model as T
 
     prompt = [T.BOS_ID, T.START_HEADER_ID, 101, T.END_HEADER_ID, 202, T.IMAGE_TOKEN_ID, 40, 41, 42, 43,
               T.EOT_ID, T.START_HEADER_ID, 102, T.END_HEADER_ID, 202]

@@ -85,13 +85,13 @@ def resolve_model(model: str, work: Path) -> Path:
         if not path.is_file():
             sys.exit(f"kv_cache: no model file {path}")
         return path
-    from tests.mllama import harness, tiny_model
+    from fixtures import harness, tiny_model
 
     return harness.convert(tiny_model.get(), work, "f16")[0]
 
 
 def eval_text(work: Path) -> Path:
-    from convert import assets
+    from fixtures import assets
 
     path = work / "eval.txt"
     path.write_text(assets.wiki_text("eval"), encoding="utf-8")

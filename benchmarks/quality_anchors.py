@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t_start = time.monotonic()
     load_before = [round(x, 2) for x in os.getloadavg()]
-    from convert import assets
+    from fixtures import assets
 
     work = args.work or assets.cache_dir() / "quality-anchors"
     phases: dict[str, float] = {}

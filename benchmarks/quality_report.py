@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from bench_common import ROOT as REPO  # type: ignore[import-not-found]  # puts the repository root on sys.path
-from convert import assets
+from fixtures import assets
 from gguf_s3d8.fsio import atomic_write
 from convert.upstream_source import UpstreamSource
 from convert.tensor_types import is_quantisable_weight

@@ -419,7 +419,7 @@ EPILOG = """examples:
   # a running llama-server (mllama), 8 requests in flight, an image folder
   python -m qat.generate --endpoint http://127.0.0.1:8080/v1 --workers 8 --images imgs/ -n 100000 --out d.jsonl
   # text-only teacher
-  python -m qat.generate --model "$(python -c 'from convert.assets import smollm2_hf_dir as d; print(d())')" \\
+  python -m qat.generate --model "$(python -c 'from fixtures.assets import smollm2_hf_dir as d; print(d())')" \\
       --text-only -n 100 --out smol.jsonl
 Re-running an interrupted command resumes it. Output schema: qat/data.py."""
 

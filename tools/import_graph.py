@@ -75,16 +75,6 @@ def resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-#: upward edges known and being removed: the benchmarks build their tiny models with tests/mllama's builders until
-#: those move to fixtures/ (issue 48); each is printed as "known", not counted
-KNOWN_UPWARD = frozenset({
-    ("benchmarks.bench_mllama", "tests.mllama.tiny_model"),
-    ("benchmarks.bench_mllama_tiles", "tests.mllama.harness"),
-    ("benchmarks.bench_mllama_tiles", "tests.mllama.reference"),
-    ("benchmarks.bench_mllama_tiles", "tests.mllama.tiny_model"),
-    ("benchmarks.kv_cache", "tests.mllama.harness"),
-    ("benchmarks.kv_cache", "tests.mllama.tiny_model"),
-})
 #: not scanned: data and build trees inside the folders
 SKIPPED = ("tests/data",)
 
@@ -122,7 +112,7 @@ def upward(graph: set[tuple[str, str]]) -> list[tuple[str, str]]:
     bad = []
     for a, b in sorted(graph):
         pa, pb = a.split(".")[0], b.split(".")[0]
-        if (pb not in rank or rank[pb] > rank[pa]) and (a, b) not in KNOWN_UPWARD:
+        if pb not in rank or rank[pb] > rank[pa]:
             bad.append((a, b))
     return bad
 

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from convert import assets
+from fixtures import assets
 from convert.to_gguf import main as convert_main
 from gguf_s3d8 import series_gguf  # the patch series' gguf-py, which defines S3D8
 from gguf_s3d8.fsio import atomic_path

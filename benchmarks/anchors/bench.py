@@ -59,7 +59,7 @@ class Bench:
 
     # inputs ---------------------------------------------------------------------------------------------------
     def inputs(self) -> Inputs:
-        from convert import assets
+        from fixtures import assets
         from tools import main_job
 
         t0 = time.monotonic()

@@ -105,13 +105,13 @@ class Inputs:
 
 def main_job_text() -> tuple[Path, Path]:
     """The main job's train/eval text (tools/main_job.py writes the same two files from the same function)."""
-    from convert import assets
+    from fixtures import assets
 
     work = assets.cache_dir() / "main-job"
     work.mkdir(parents=True, exist_ok=True)
     train_txt, eval_txt = work / "train.txt", work / "eval.txt"
     if not eval_txt.exists() or not train_txt.exists():
-        log("writing the main job's train/eval text (convert.assets.wiki_text)")
+        log("writing the main job's train/eval text (fixtures.assets.wiki_text)")
         atomic_write(train_txt, assets.wiki_text("train"), make_parents=True)
         atomic_write(eval_txt, assets.wiki_text("eval"), make_parents=True)
     return train_txt, eval_txt

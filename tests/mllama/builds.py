@@ -74,7 +74,7 @@ def make_tiny_llama(out: Path) -> TinyLlama:
     token, so the greedy answer to any chat prompt is ``ANSWER`` with large margins."""
     from transformers import AutoTokenizer
 
-    from convert.synthetic import llama_tensors, write_tiny_llama
+    from fixtures.synthetic import llama_tensors, write_tiny_llama
 
     tok_dir = T.get()
     tok = AutoTokenizer.from_pretrained(tok_dir)

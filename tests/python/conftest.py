@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def smollm2_f16_and_text(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """SmolLM2-135M-Instruct as an f16 GGUF and 60,000 characters of the training text: the input of the tests
     that run llama-imatrix on a real model (test_codec_importance.py, test_gptq_c.py), converted once per worker."""
-    from convert import assets
+    from fixtures import assets
     from convert.to_gguf import main as convert_main
 
     d = tmp_path_factory.mktemp("smollm2")

@@ -23,9 +23,9 @@ import pytest
 import gguf
 from gguf import GGMLQuantizationType as QT
 
-from convert import assets
+from fixtures import assets
 from convert.common import ConversionOptions, write_gguf
-from convert.synthetic import llama_tensors, write_tiny_llama
+from fixtures.synthetic import llama_tensors, write_tiny_llama
 from convert.tensor_types import choose_type
 from convert.to_gguf import main, open_source
 from tests.llama_reference import llama3_rope_factors, meta_rope_rows

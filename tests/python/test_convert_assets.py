@@ -1,4 +1,4 @@
-"""convert.assets: the offline SmolLM2 weights, their HF export and the Wikipedia text split."""
+"""fixtures.assets: the offline SmolLM2 weights, their HF export and the Wikipedia text split."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from convert import assets
+from fixtures import assets
 
 
 def test_cache_dir_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ import pytest
 
 import gguf
 
-from convert import assets
+from fixtures import assets
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "ci"))

@@ -1,6 +1,6 @@
 """The converter on upstream's shoulders: several architectures and tokenizer kinds, against upstream itself.
 
-Tiny random checkpoints saved by transformers (``convert.synthetic.write_tiny_hf_model``) of
+Tiny random checkpoints saved by transformers (``fixtures.synthetic.write_tiny_hf_model``) of
 
 * ``LlamaForCausalLM`` with a byte-level BPE tokenizer (SmolLM2's, pre-tokenizer detected as ``smollm``), tied
   embeddings;
@@ -36,8 +36,8 @@ import pytest
 
 import gguf
 
-from convert import assets
-from convert.synthetic import train_sentencepiece, write_tiny_hf_model
+from fixtures import assets
+from fixtures.synthetic import train_sentencepiece, write_tiny_hf_model
 from convert.to_gguf import main
 from convert.upstream_tree import upstream_converter
 
@@ -284,7 +284,7 @@ def test_placements_of_mllama(tmp_path: Path) -> None:
     """Llama 3.2 Vision: the placements cover both files the series' classes write (text: self-attention q/k
     rows permuted, cross-attention q/k not; vision: HF's layout), and their types are the conversions' plans."""
     from convert.upstream_source import UpstreamSource
-    from tests.mllama.tiny_model import get
+    from fixtures.tiny_model import get
 
     d = get()
     text, mmproj = tmp_path / "text.gguf", tmp_path / "mmproj.gguf"
@@ -330,7 +330,7 @@ def _llama_cpp_bpe_pre_tokenizers() -> set[str]:
 def bpe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama with a byte-level BPE tokenizer of its own (trained on the gensim text; its probe encoding is
     none upstream knows, so the pre-tokenizer must be named)."""
-    from convert.synthetic import train_byte_level_bpe
+    from fixtures.synthetic import train_byte_level_bpe
 
     tok = train_byte_level_bpe(assets.wiki_text("train")[:100_000], tmp_path_factory.mktemp("bpe-tok"), vocab_size=400)
     return write_tiny_hf_model(tmp_path_factory.mktemp("bpe") / "llama-own-bpe", "LlamaForCausalLM", tok, vocab=400,

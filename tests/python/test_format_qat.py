@@ -2,7 +2,7 @@
 
 For each format family (INT, Student-t, Lloyd-Max, S3D8) on a small random Llama: the student at step 0 is the
 baseline sweep's direct cast bit for bit, a few steps lower the loss, a resume is bit-exact, and the converter
-refuses the checkpoint. The teacher is smaller than qat.tiny's (hidden 192) so that the four S3D8 codebook fits
+refuses the checkpoint. The teacher is smaller than fixtures.tiny_llama's (hidden 192) so that the four S3D8 codebook fits
 per run stay cheap; hidden 192 also makes every matrix with k = 192 S3D8-ineligible (simulated with the codec's
 pieces in the sweep, with qat.s3d8_torch in the student) while down_proj (k = 256) is eligible.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from qat import tiny
+from fixtures import tiny_llama as tiny
 from qat.formats import format_from_id, format_id
 from qat.checkpoint import load_checkpoint
 from qat.train import main
@@ -27,8 +27,8 @@ FORMATS = ("int6_g128", "studentt6_g128", "lloydmax6", "s3d8")
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from convert.synthetic import llama_tensors, write_tiny_llama
-    from tests.mllama.tiny_model import build_tokenizer
+    from fixtures.synthetic import llama_tensors, write_tiny_llama
+    from fixtures.tiny_model import build_tokenizer
 
     d = tmp_path_factory.mktemp("format_qat")
     dims: dict[str, Any] = dict(hidden=192, layers=1, heads=2, kv_heads=1, ffn=256, vocab=tiny.VOCAB, tied=True)

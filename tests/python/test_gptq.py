@@ -129,7 +129,7 @@ def test_collect_hessians_shares_and_matches_hand_computation() -> None:
 
 
 def _small_mllama():
-    """The tiny mllama recipe of tests/mllama/tiny_model.py, shrunk for speed (same module structure)."""
+    """The tiny mllama recipe of fixtures/tiny_model.py, shrunk for speed (same module structure)."""
     from transformers import MllamaConfig, MllamaForConditionalGeneration
 
     from tests.mllama import tiny_model as T

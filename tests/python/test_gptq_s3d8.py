@@ -1,5 +1,5 @@
 """GPTQ into the S3D8 GGUF (qat.gptq_s3d8 -> convert --gptq-checkpoint) and QAT from that start
-(qat.train --init-from), on random matrices and on the tiny random Llama of qat.tiny (S3D8 q/k/v/gate/up with the
+(qat.train --init-from), on random matrices and on the tiny random Llama of fixtures.tiny_llama (S3D8 q/k/v/gate/up with the
 RoPE row permutation, tied S3D8 embedding)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gguf_s3d8.importance import quantize_s3d8_importance, quantize_s3d8_with_sc
 from gguf_s3d8.scales import scales_to_fp32
 from gguf_s3d8.tensor_file import (S3D8TensorFile, S3D8TensorFileError, read_s3d8_tensors, weight_fingerprint,
                                    write_s3d8_tensors)
-from qat import tiny
+from fixtures import tiny_llama as tiny
 from qat.gptq import GPTQConfig
 from qat.gptq_s3d8 import gptq_s3d8_matrix
 from qat.s3d8_torch import s3d8_weight_space_values

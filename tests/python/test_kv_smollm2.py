@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from convert import assets
+from fixtures import assets
 from qat import llama_perplexity
 
 REPO = Path(__file__).resolve().parents[2]

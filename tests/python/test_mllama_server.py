@@ -149,7 +149,7 @@ TEXT_LOGPROB_TOL = 2e-2
 
 
 def reference_answer(ref, top: int = S.TOP_LOGPROBS) -> S.Answer:
-    """transformers' greedy answer (tests/mllama/reference.py: prompt logits, then decode steps) as an Answer."""
+    """transformers' greedy answer (fixtures/reference.py: prompt logits, then decode steps) as an Answer."""
     import numpy as np
 
     rows = [ref.prompt_logits[-1], *ref.step_logits]
@@ -190,7 +190,7 @@ CAP_LOGPROB_TOL = 1e-3
 
 def test_image_max_tiles(tmp_path):
     """llama-server --image-max-tiles 1: the log-probabilities of the answer's first token are transformers' with
-    max_image_tiles=1 (tests/mllama/reference.py), and not those of the uncapped model (4 tiles)."""
+    max_image_tiles=1 (fixtures/reference.py), and not those of the uncapped model (4 tiles)."""
     import numpy as np
     import skimage.data
     import torch

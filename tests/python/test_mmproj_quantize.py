@@ -2,7 +2,7 @@
 ``--mmproj``), so a vision tower quantises in C: upstream's dummy architecture ``LLM_ARCH_CLIP`` ("only used by
 llama-quantize") loads it, and the S3D8 type rules pick the same matrices as the converter.
 
-Compared on the tiny mllama (tests/mllama/tiny_model.py: every vision matrix S3D8-eligible): ``llama-quantize
+Compared on the tiny mllama (fixtures/tiny_model.py: every vision matrix S3D8-eligible): ``llama-quantize
 mmproj-f32.gguf out.gguf S3D8`` against the converter's ``--mmproj-type s3d8`` (iw1 without an imatrix on both
 sides; the checkpoint is float32, so the f32 mmproj holds exactly the weights the converter encodes). Every S3D8
 tensor and every other tensor is byte-identical, except the one difference of the type rules, explained:

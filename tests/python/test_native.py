@@ -22,9 +22,9 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 
 import gguf_s3d8  # noqa: F401  (the series' gguf-py, which defines S3D8)
-from convert import assets
+from fixtures import assets
 from convert.encoders import Pending, encoders_for
-from convert.synthetic import write_tiny_llama
+from fixtures.synthetic import write_tiny_llama
 from convert.tensor_types import S3D8Options, encode
 from convert.to_gguf import main as convert_main
 from gguf_s3d8.imatrix import write_legacy_imatrix

@@ -438,7 +438,7 @@ def test_transformers_mllama_backend(tmp_path: Path, _torch_one_thread) -> None:
 
 
 def test_text_only_smollm2(tmp_path: Path, _torch_one_thread) -> None:
-    from convert.assets import smollm2_hf_dir
+    from fixtures.assets import smollm2_hf_dir
 
     out = tmp_path / "s.jsonl"
     model_dir = smollm2_hf_dir()

@@ -1,7 +1,7 @@
 """QAT training (qat.train), resume, torchrun, and export (qat.export, then convert --qat-checkpoint) on a tiny
 random Llama.
 
-The tiny teacher (qat.tiny) has S3D8 and Q8_0 matrices, a tied S3D8 embedding and S3D8 q/k projections whose
+The tiny teacher (fixtures.tiny_llama) has S3D8 and Q8_0 matrices, a tied S3D8 embedding and S3D8 q/k projections whose
 rows the converter permutes, so every path of the student and the exporter is exercised.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from qat import tiny
+from fixtures import tiny_llama as tiny
 from qat.checkpoint import load_checkpoint
 from qat.train import main
 from qat.training.models import load_teacher, student_from_checkpoint
@@ -426,7 +426,7 @@ def test_export_file_and_its_bad_inputs(setup, straight, export_file, tmp_path, 
     assert export_main([str(straight), "-o", str(tmp_path / "e.safetensors"), "--teacher", str(wider)]) == 2
     err = capsys.readouterr().err
     assert "tensor(s) the checkpoint lacks (model.layers.1." in err and "another model" in err
-    from convert.synthetic import write_tiny_llama
+    from fixtures.synthetic import write_tiny_llama
 
     wide_ffn = write_tiny_llama(tmp_path / "wide-ffn", setup[0] / "tokenizer", hidden=tiny.HIDDEN, layers=1,
                                 heads=tiny.HEADS, kv_heads=tiny.KV_HEADS, ffn=2 * tiny.FFN, vocab=tiny.VOCAB,
