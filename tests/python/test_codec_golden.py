@@ -103,3 +103,75 @@ def test_special_case_covers_what_it_claims() -> None:
     assert xq[7].max() == 127 and xq[7].min() == -127
     y = load("special.y.f32", "f4")
     assert not np.isnan(y).any()
+
+
+# --- the committed files against the format, read here from docs/s3d8-format.md alone ---------------------------------
+# (no gguf_s3d8 function below: the checks above replay the numpy codec that wrote the files; these hold the files to
+# the normative text, independently of it, and the C test test-s3d8-golden holds the C kernels to the same files)
+
+def spec_bf16_rne(x: np.ndarray) -> np.ndarray:
+    """fp32 -> bf16 bits, round to nearest even (finite inputs)."""
+    b = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def spec_bf16_f32(b: np.ndarray) -> np.ndarray:
+    return (np.asarray(b, np.uint32) << 16).view(np.float32)
+
+
+def spec_decode(c: np.ndarray) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Format section 4 (layout) and section 2 (bits): k, n, codebook, alpha (fp32), w_int and the sign bits (n x k)."""
+    assert bytes(c[:4]) == b"S3D8" and c[4] == 1 and not c[5:8].any() and not c[112:128].any()
+    k, n = (int(v) for v in c[8:16].view("<u4"))
+    cb = c[16:112].reshape(32, 3).astype(np.int32)
+    alpha = spec_bf16_f32(c[128:128 + 2 * n].view("<u2"))
+    body = (128 + 2 * n + 63) // 64 * 64
+    assert not c[128 + 2 * n:body].any()
+    t = -(-n // 3)
+    b = c[body:body + t * k].reshape(t, k).astype(np.int32)
+    assert not c[body + t * k:].any()
+    idx = (b >> 1) & 31
+    signs = [b & 1, (b >> 6) & 1, ((b >> 7) ^ b) & 1]
+    w = np.empty((3 * t, k), np.int32)
+    sign = np.empty((3 * t, k), bool)
+    for d in range(3):
+        w[d::3] = np.where(signs[d] == 1, -cb[idx, d], cb[idx, d])
+        sign[d::3] = signs[d] == 1
+    return k, n, cb, alpha, w[:n], sign[:n]
+
+
+def spec_matmul(c: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Format section 3: the activations' bf16 scales and int8 values, and y (m x n), every step in fp32."""
+    k, n, _, alpha, w, _ = spec_decode(c)
+    x = np.asarray(x, np.float32)
+    s_bits = spec_bf16_rne(np.abs(x).max(axis=1) / np.float32(127))
+    s = spec_bf16_f32(s_bits)
+    inv = np.where(s == 0, np.float32(0), np.float32(1) / np.where(s == 0, np.float32(1), s)).astype(np.float32)
+    xq = np.clip(np.rint(x * inv[:, None]), -127, 127).astype(np.int64)
+    acc = xq @ w.T.astype(np.int64)
+    assert np.abs(acc).max() < 2**31
+    with np.errstate(over="ignore"):  # the special case's huge scales overflow to inf, as fp32 does in C
+        y = (acc.astype(np.float32) * s[:, None]) * alpha[None, :]
+    return s_bits, xq.astype(np.int8), y.astype(np.float32)
+
+
+@pytest.mark.parametrize("line", [l for l in manifest_lines() if l[6] != "-"], ids=lambda l: l[0])
+def test_each_case_follows_the_format_spec(line: list[str]) -> None:
+    n, k, m = int(line[1]), int(line[2]), int(line[3])
+    file_w, file_cb, file_c, file_x, file_y, file_xq, file_xs = line[4:]
+    c = load(file_c, "u1")
+    assert c.size == n * 43 * k // 128
+    kk, nn, cb, alpha, _, sign = spec_decode(c)
+    assert (kk, nn) == (k, n) and np.array_equal(cb, load(file_cb, "u1").reshape(32, 3))
+    if file_w != "-":
+        w = load(file_w, "f4").reshape(n, k)
+        # section 1: alpha_i = bf16_rne(max_j |W_ij| / 127), and the sign of each weight
+        assert np.array_equal(spec_bf16_rne(np.abs(w).max(axis=1) / np.float32(127)), c[128:128 + 2 * n].view("<u2"))
+        # S = 1 iff w' = W / alpha < 0 in fp32 (a weight that underflows to -0 there is positive)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            wn = w / alpha[:, None]
+        assert np.array_equal(sign[alpha > 0], (wn < 0)[alpha > 0])
+    s_bits, xq, y = spec_matmul(c, load(file_x, "f4").reshape(-1, k)[:m])
+    assert np.array_equal(s_bits, load(file_xs, "u2")[:m])
+    assert np.array_equal(xq, load(file_xq, "i1").reshape(-1, k)[:m])
+    assert np.array_equal(y.view(np.uint32), load(file_y, "f4").reshape(-1, n)[:m].view(np.uint32))
