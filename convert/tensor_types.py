@@ -79,6 +79,12 @@ def qtype_of(type_name: str) -> QT:
     return QT(t.type_id)
 
 
+def upstream_type(type_name: str) -> str:
+    """The ``--outtype`` upstream's ``convert_hf_to_gguf`` plans a ``--type`` with: the type itself where upstream
+    defines it, else F16, which the converter then recodes (S3D8)."""
+    return type_name if weight_type(type_name).upstream else "f16"
+
+
 def file_type_of(type_name: str) -> int:
     """``general.file_type`` for a requested ``--type`` (the type of most big matrices)."""
     qtype_of(type_name)

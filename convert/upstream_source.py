@@ -38,16 +38,11 @@ from gguf import GGMLQuantizationType as QT
 
 from .common import ConversionOptions, OutputPlan, PlannedTensor, check_finite
 from .errors import ConvertError, read_json
-from .tensor_types import choose_type, encode, encoded_nbytes, file_type_of, qtype_of
+from .tensor_types import choose_type, encode, encoded_nbytes, file_type_of, qtype_of, upstream_type, weight_type
 from .upstream_tree import upstream_converter
 
 #: Files one of which every tokenizer kind upstream reads has.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tekken.json", "tokenizer.tiktoken")
-
-#: --type -> upstream's LlamaFileType name (S3D8 is planned as F16, see the module docstring).
-_UPSTREAM_FTYPE = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0",
-                   "s3d8": "MOSTLY_F16"}
-
 
 def quiet_upstream_logging(verbose: bool = False) -> None:
     """Upstream logs every tensor at INFO and warnings to stderr; the CLI prints its own report."""
@@ -170,7 +165,7 @@ class UpstreamSource:
                                f"{type(e).__name__}{': ' + msg if msg else ''}") from e
 
     def _new_model(self, out_type: str) -> Any:
-        ftype = getattr(gguf.LlamaFileType, _UPSTREAM_FTYPE[out_type])
+        ftype = gguf.LlamaFileType(file_type_of(upstream_type(out_type)))  # S3D8 is planned as F16 (module docstring)
 
         def make() -> Any:
             m = self._cls(self.model_dir, ftype, self.model_dir / "unused.gguf")
@@ -225,7 +220,8 @@ class UpstreamSource:
         model, outputs = self._planned_model(options.out_type)
         writer: gguf.GGUFWriter = model.gguf_writer
         infos = writer.tensors[0]
-        requested_qt = qtype_of(options.out_type) if options.out_type != "s3d8" else QT.F16
+        t = weight_type(options.out_type)
+        requested_qt = qtype_of(upstream_type(options.out_type))
         planned: list[PlannedTensor] = []
         for out in outputs:
             ti = infos[out.name]
@@ -233,12 +229,12 @@ class UpstreamSource:
             follows = out.follows_type and out.upstream_qtype == requested_qt
             reason = None
             qtype = out.upstream_qtype
-            if options.out_type == "q8_0" and out.follows_type and qtype == QT.F16:
-                reason = f"Q8_0: k={shape[-1]} is not a multiple of 32 (Q8_0 block)"
+            if t.upstream and t.fallback is not None and out.follows_type and qtype == qtype_of(t.fallback):
+                reason = f"{t.gguf_name}: {t.ineligibility(int(shape[-2]) if len(shape) > 1 else 1, int(shape[-1]))}"
             recode = False
-            if options.out_type == "s3d8" and follows:
-                ch = choose_type(out.name, shape, "s3d8", options.fallback_type)
-                qtype, reason, recode = ch.qtype, ch.reason, ch.qtype != QT.F16
+            if not t.upstream and follows:
+                ch = choose_type(out.name, shape, options.out_type, options.fallback_type)
+                qtype, reason, recode = ch.qtype, ch.reason, ch.qtype != requested_qt
                 if recode:
                     infos[out.name] = type(ti)(shape=list(shape), dtype=qtype, nbytes=encoded_nbytes(shape, qtype),
                                                tensor=ti.tensor)
@@ -246,8 +242,8 @@ class UpstreamSource:
             src = f"{self._weights_label}:{hf}" if self._weights is not None and hf in self._weights else hf
             planned.append(PlannedTensor(out.name, shape, qtype, infos[out.name].nbytes, reason,
                                          self._producer(model, out.name, qtype, recode, options), src))
-        if options.out_type == "s3d8":
-            _set_kv(writer, gguf.Keys.General.FILE_TYPE, file_type_of("s3d8"), gguf.GGUFValueType.UINT32)
+        if not t.upstream:
+            _set_kv(writer, gguf.Keys.General.FILE_TYPE, file_type_of(options.out_type), gguf.GGUFValueType.UINT32)
         return OutputPlan(writer, planned, options.out_type)
 
     def weight_placements(self, out_type: str, fallback_type: str) -> dict[str, WeightPlacement]:
@@ -257,9 +253,9 @@ class UpstreamSource:
         Llama's q/k permutation for RoPE). Only the tensors are planned (no vocabulary, no weight is read)."""
         import torch
 
-        model, outputs = self._planned_model(out_type if out_type != "s3d8" else "f16", metadata=False)
+        model, outputs = self._planned_model(upstream_type(out_type), metadata=False)
         infos = model.gguf_writer.tensors[0]
-        requested_qt = qtype_of(out_type) if out_type != "s3d8" else QT.F16
+        requested_qt = qtype_of(upstream_type(out_type))
         scratch = self._new_model("f16")  # modify_tensors records what it sees: keep that off the planned model
         out: dict[str, WeightPlacement] = {}
         for o in outputs:
@@ -271,8 +267,8 @@ class UpstreamSource:
                                    "QAT and GPTQ need one output tensor per checkpoint tensor")
             shape = tuple(int(d) for d in infos[o.name].shape)
             qtype = o.upstream_qtype
-            if out_type == "s3d8" and o.follows_type and qtype == requested_qt:
-                qtype = choose_type(o.name, shape, "s3d8", fallback_type).qtype
+            if not weight_type(out_type).upstream and o.follows_type and qtype == requested_qt:
+                qtype = choose_type(o.name, shape, out_type, fallback_type).qtype
             n = int(self._model.model_tensors[hf]().shape[0]) if shape else 1
             ids = torch.arange(n, dtype=torch.int64).reshape(n, *([1] * (len(shape) - 1))) if shape else \
                 torch.zeros((), dtype=torch.int64)

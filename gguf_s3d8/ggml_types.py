@@ -12,6 +12,8 @@ the KV-cache types of the series (Q4_HQQ, Q4_HQQ_128, TQ3_0) are each one object
   ``--fallback-type``);
 * ``encode(w, ...)`` and ``decode(data, ...)`` in numpy (the bytes ggml's reference quantisers write: gguf-py's
   ``quants`` for the stock types, this package's codecs for S3D8 and the KV types);
+* ``upstream``: upstream llama.cpp defines the type (its ``convert_hf_to_gguf.py`` writes the weight types), or
+  the patch series does (S3D8, the KV types);
 * ``native``: ``libs3d8-native`` (:mod:`gguf_s3d8.native`, ggml's own quantisers) encodes it;
   ``slice_quantized``: whole 2-D slices, not rows, are the unit (ggml's ``ggml_is_slice_quantized``);
 * ``torch_twin``: ``"module:name"`` of its torch fake-quantiser in QAT, where one exists - a reference only
@@ -54,6 +56,7 @@ class GgmlType:
     native: bool = False            #: libs3d8-native encodes it
     slice_quantized: bool = False   #: the unit of encoding is a whole 2-D slice (S3D8), not a row
     torch_twin: str | None = None   #: "module:name" of the QAT torch fake-quantiser of the type
+    upstream: bool = True           #: upstream llama.cpp defines it (False: the patch series' own type)
 
     @property
     def gguf_name(self) -> str:
@@ -218,11 +221,11 @@ BF16: Final = GgufPyType("bf16", 30, 1, 2, file_type=32, native=True, torch_twin
 Q8_0: Final = GgufPyType("q8_0", 8, 32, 34, file_type=7, fallback="f16", native=True,
                          torch_twin="qat.ggml_torch:q8_0_dequantised")
 S3D8: Final = S3D8Type("s3d8", S3D8_TYPE_ID, BLOCK_SIZE, TYPE_SIZE, file_type=LLAMA_FTYPE_MOSTLY_S3D8, native=True,
-                       slice_quantized=True, torch_twin="qat.formats:S3D8Format")
+                       slice_quantized=True, torch_twin="qat.formats:S3D8Format", upstream=False)
 # the KV types' ids follow S3D8's (96), far from upstream's end of the enum
-Q4_HQQ: Final = HqqKvType("q4_hqq", 97, 32, 20, kind="kv")
-Q4_HQQ_128: Final = HqqKvType("q4_hqq_128", 98, 128, 68, kind="kv")
-TQ3_0: Final = Tq3KvType("tq3_0", 99, 32, 14, kind="kv")
+Q4_HQQ: Final = HqqKvType("q4_hqq", 97, 32, 20, kind="kv", upstream=False)
+Q4_HQQ_128: Final = HqqKvType("q4_hqq_128", 98, 128, 68, kind="kv", upstream=False)
+TQ3_0: Final = Tq3KvType("tq3_0", 99, 32, 14, kind="kv", upstream=False)
 
 #: The one table: every type by name, weights in the converter's ``--type`` order, then the KV types.
 TYPES: Final[dict[str, GgmlType]] = {t.name: t for t in (F32, F16, BF16, Q8_0, S3D8, Q4_HQQ, Q4_HQQ_128, TQ3_0)}

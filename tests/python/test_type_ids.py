@@ -107,3 +107,21 @@ def test_each_torch_twin_is_the_numpy_round_trip(name: str) -> None:
         want = t.decode(t.encode(w)).reshape(w.shape)
         got = torch_twin(name)(torch.from_numpy(w)).numpy()
     np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
+
+
+def test_upstream_flag_is_the_pinned_upstream_enum() -> None:
+    """A type marked ``upstream`` is in the pinned, unpatched upstream ggml.h with its id; the series' own are not
+    (the converter plans those with upstream's F16 and recodes)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ci"))
+    import check_upstream
+    import upstream
+
+    header = upstream.tree_path() / check_upstream.GGML_H
+    if not header.is_file():
+        pytest.fail(f"pinned upstream tree missing ({header}): run `python3 ci/upstream.py fetch`")
+    text = header.read_text()
+    for t in ggml_types.TYPES.values():
+        assert (re.search(rf"^\s*GGML_TYPE_{t.gguf_name}\s*=\s*{t.type_id}\s*,", text, re.MULTILINE) is not None) \
+            == t.upstream, t.name
