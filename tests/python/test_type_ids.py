@@ -125,3 +125,18 @@ def test_upstream_flag_is_the_pinned_upstream_enum() -> None:
     for t in ggml_types.TYPES.values():
         assert (re.search(rf"^\s*GGML_TYPE_{t.gguf_name}\s*=\s*{t.type_id}\s*,", text, re.MULTILINE) is not None) \
             == t.upstream, t.name
+
+
+#: the modules that dispatch on types through gguf_s3d8.ggml_types (issue 48, item 3) and must not grow a per-type
+#: branch again
+DISPATCHING = ["convert/tensor_types.py", "convert/common.py", "convert/upstream_source.py", "gguf_s3d8/native.py",
+               "gguf_s3d8/kv_types.py", "qat/formats.py"]
+TYPE_BRANCH = re.compile(r"""(==|!=|\bin)\s*\(?\s*QT\.\w+|\b(qtype|out_type|type_name|requested|name)\s*[!=]=\s*["'](f32|f16|bf16|q8_0|s3d8|q4_hqq|q4_hqq_128|tq3_0)["']""")
+
+
+@pytest.mark.parametrize("path", DISPATCHING)
+def test_no_per_type_branches_outside_the_table(path: str) -> None:
+    """No ``if qtype == ...`` chain outside the table of types: these modules ask the type (its fields), not its name."""
+    text = (Path(__file__).resolve().parents[2] / path).read_text()
+    hits = [f"{path}:{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1) if TYPE_BRANCH.search(line)]
+    assert hits == []
