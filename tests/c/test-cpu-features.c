@@ -3,10 +3,14 @@
 // i8mm build that silently lost it, would make the kernel tests prove less than they claim.
 //
 // usage: test-cpu-features --expect=dotprod,i8mm --forbid=sve
+//        test-cpu-features --expect=native     (a GGML_NATIVE build: exactly the features this CPU reports)
 #include "ggml-cpu.h"
 
 #include <stdio.h>
 #include <string.h>
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
 
 struct feature {
     const char * name;
@@ -58,6 +62,52 @@ static int check_list(const char * list, int want) {
     return failures;
 }
 
+// What the CPU running the test reports (cpuid, the kernel's hwcaps), by the names above; -1 where this test does
+// not know how to ask. A GGML_NATIVE build compiles for the building CPU, so it must have exactly these: one that
+// silently lost AVX512 (a compiler flag dropped) would leave the AVX512 kernels untested.
+static int cpu_reports(const char * name) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (strcmp(name, "avx2") == 0)        return __builtin_cpu_supports("avx2");
+    if (strcmp(name, "avx512") == 0)      return __builtin_cpu_supports("avx512f");
+    if (strcmp(name, "avx512_vbmi") == 0) return __builtin_cpu_supports("avx512vbmi");
+    if (strcmp(name, "avx512_vnni") == 0) return __builtin_cpu_supports("avx512vnni");
+    if (strcmp(name, "avx_vnni") == 0)    return __builtin_cpu_supports("avxvnni");
+    if (strcmp(name, "neon") == 0 || strcmp(name, "dotprod") == 0 || strcmp(name, "i8mm") == 0 ||
+        strcmp(name, "sve") == 0 || strcmp(name, "sme") == 0 || strcmp(name, "fp16_va") == 0) return 0;
+#elif defined(__aarch64__) && defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    if (strcmp(name, "neon") == 0)    return (hw & HWCAP_ASIMD) != 0;
+    if (strcmp(name, "dotprod") == 0) return (hw & HWCAP_ASIMDDP) != 0;
+    if (strcmp(name, "i8mm") == 0)    return (hw2 & HWCAP2_I8MM) != 0;
+    if (strcmp(name, "sve") == 0)     return (hw & HWCAP_SVE) != 0;
+    if (strncmp(name, "avx", 3) == 0) return 0;
+#else
+    (void) name;
+#endif
+    return -1;
+}
+
+static int check_native(void) {
+    int failures = 0, known = 0;
+    for (size_t i = 0; i < sizeof(features)/sizeof(features[0]); ++i) {
+        const int cpu = cpu_reports(features[i].name);
+        if (cpu < 0) {
+            continue;
+        }
+        known++;
+        if (!!cpu != !!features[i].has()) {
+            fprintf(stderr, "FAIL: the CPU %s %s, the native build %s it\n", cpu ? "has" : "lacks", features[i].name,
+                    features[i].has() ? "has" : "lacks");
+            failures++;
+        }
+    }
+    if (known == 0) {
+        fprintf(stderr, "FAIL: --expect=native: this test cannot ask this CPU for its features\n");
+        failures++;
+    }
+    return failures;
+}
+
 int main(int argc, char ** argv) {
     const char * expect = "";
     const char * forbid = "";
@@ -78,7 +128,8 @@ int main(int argc, char ** argv) {
         }
     }
     printf("\n");
-    const int failures = check_list(expect, 1) + check_list(forbid, 0);
+    const int failures = strcmp(expect, "native") == 0 ? check_native() + check_list(forbid, 0)
+                                                       : check_list(expect, 1) + check_list(forbid, 0);
     printf("%s\n", failures ? "FAILED" : "OK");
     return failures ? 1 : 0;
 }
