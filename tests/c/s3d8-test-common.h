@@ -156,13 +156,19 @@ static std::vector<uint8_t> read_file(const std::string & path) {
     return data;
 }
 
+// count values drawn from N(0, 1)
+static std::vector<float> random_normal(std::mt19937 & rng, size_t count) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> v(count);
+    for (auto & x : v) {
+        x = nd(rng);
+    }
+    return v;
+}
+
 // random weights with a few special rows (zeros, one outlier, negative zeros)
 static std::vector<float> random_weights(std::mt19937 & rng, int64_t n, int64_t k) {
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> w((size_t) n * k);
-    for (auto & v : w) {
-        v = nd(rng);
-    }
+    std::vector<float> w = random_normal(rng, (size_t) n * k);
     if (n > 3) {
         std::fill(w.begin() + 1 * k, w.begin() + 2 * k, 0.0f);
         std::fill(w.begin() + 2 * k, w.begin() + 3 * k, -0.0f);
@@ -172,11 +178,7 @@ static std::vector<float> random_weights(std::mt19937 & rng, int64_t n, int64_t 
 }
 
 static std::vector<float> random_acts(std::mt19937 & rng, int64_t m, int64_t k) {
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> x((size_t) m * k);
-    for (auto & v : x) {
-        v = nd(rng);
-    }
+    std::vector<float> x = random_normal(rng, (size_t) m * k);
     if (m > 1) {
         std::fill(x.begin() + k, x.begin() + 2 * k, 0.0f); // an all-zero token (s = 0)
     }
@@ -207,6 +209,18 @@ struct cpu_op {
         return ggml_backend_graph_compute(backend, gf) == GGML_STATUS_SUCCESS;
     }
     bool supports(const ggml_tensor * op) { return ggml_backend_supports_op(backend, op); }
+    // the values of a computed F32 tensor
+    std::vector<float> values(const ggml_tensor * out) {
+        std::vector<float> y(ggml_nelements(out));
+        ggml_backend_tensor_get(out, y.data(), 0, y.size() * sizeof(float));
+        return y;
+    }
+    // out computed with n_threads, its values; an unsupported op or a failed computation is a failure
+    std::vector<float> run(ggml_tensor * out, int n_threads, const char * what) {
+        S3D8T_CHECK(supports(out), "%s not supported", what);
+        S3D8T_CHECK(compute(out, n_threads), "compute failed");
+        return values(out);
+    }
 };
 
 } // namespace s3d8t

@@ -42,6 +42,22 @@ static std::vector<uint8_t> encode_random_codebook(std::mt19937 & rng, const std
     return q;
 }
 
+struct random_slices {
+    std::vector<uint8_t> q;   // the slices' containers, one after the other (a 3-D S3D8 tensor's data)
+    std::vector<decoded> ds;  // each slice decoded
+};
+
+// count slices of n x k random weights, each encoded with its own random codebook
+static random_slices encode_random_slices(std::mt19937 & rng, int64_t count, int64_t n, int64_t k) {
+    random_slices r;
+    for (int64_t s = 0; s < count; ++s) {
+        const auto qs = encode_random_codebook(rng, random_weights(rng, n, k), n, k);
+        r.q.insert(r.q.end(), qs.begin(), qs.end());
+        r.ds.push_back(decode(qs.data(), k, n));
+    }
+    return r;
+}
+
 typedef void (*set_use_ref_t)(ggml_backend_t, bool);
 
 static set_use_ref_t get_set_use_ref() {
@@ -68,9 +84,7 @@ static std::vector<float> run_mul_mat(const std::vector<uint8_t> & q, int64_t k,
     ggml_backend_tensor_set(b, x.data(), 0, x.size() * sizeof(float));
     S3D8T_CHECK(op.supports(out), "MUL_MAT k=%lld n=%lld not supported", (long long) k, (long long) n);
     S3D8T_CHECK(op.compute(out, n_threads), "compute failed");
-    std::vector<float> y(ggml_nelements(out));
-    ggml_backend_tensor_get(out, y.data(), 0, y.size() * sizeof(float));
-    return y;
+    return op.values(out);
 }
 
 static void test_mul_mat(std::mt19937 & rng, int64_t k, int64_t n, bool quick) {
@@ -100,14 +114,7 @@ static void test_mul_mat(std::mt19937 & rng, int64_t k, int64_t n, bool quick) {
 static void test_mul_mat_batched(std::mt19937 & rng) {
     const int64_t k = 1024, n = 704, m = 5;
     printf("MUL_MAT broadcast k=%lld n=%lld, 2 slices x 4 batches\n", (long long) k, (long long) n);
-    std::vector<uint8_t> q;
-    std::vector<decoded> ds;
-    for (int s = 0; s < 2; ++s) {
-        const auto w = random_weights(rng, n, k);
-        const auto qs = encode_random_codebook(rng, w, n, k);
-        q.insert(q.end(), qs.begin(), qs.end());
-        ds.push_back(decode(qs.data(), k, n));
-    }
+    const auto [q, ds] = encode_random_slices(rng, 2, n, k);
     S3D8T_CHECK(ggml_validate_row_data(GGML_TYPE_S3D8, q.data(), q.size()), "2-slice tensor does not validate");
     const auto x = random_acts(rng, 4 * m, k);
     for (int nt : { 1, 3 }) {
@@ -126,13 +133,7 @@ static void test_mul_mat_id(std::mt19937 & rng) {
         for (int64_t n_tok : { (int64_t) 1, (int64_t) 9 }) {
             printf("MUL_MAT_ID k=%lld n=%lld experts=%lld used=%lld ne11=%lld tokens=%lld\n", (long long) k, (long long) n,
                     (long long) n_as, (long long) n_used, (long long) ne11, (long long) n_tok);
-            std::vector<uint8_t> q;
-            std::vector<decoded> ds;
-            for (int e = 0; e < n_as; ++e) {
-                const auto qs = encode_random_codebook(rng, random_weights(rng, n, k), n, k);
-                q.insert(q.end(), qs.begin(), qs.end());
-                ds.push_back(decode(qs.data(), k, n));
-            }
+            const auto [q, ds] = encode_random_slices(rng, n_as, n, k);
             const auto x = random_acts(rng, ne11 * n_tok, k);
             std::vector<int32_t> ids(n_used * n_tok);
             for (int64_t t = 0; t < n_tok; ++t) {
@@ -150,10 +151,7 @@ static void test_mul_mat_id(std::mt19937 & rng) {
                 ggml_backend_tensor_set(a, q.data(), 0, q.size());
                 ggml_backend_tensor_set(b, x.data(), 0, x.size() * sizeof(float));
                 ggml_backend_tensor_set(idt, ids.data(), 0, ids.size() * sizeof(int32_t));
-                S3D8T_CHECK(op.supports(out), "MUL_MAT_ID not supported");
-                S3D8T_CHECK(op.compute(out, nt), "compute failed");
-                std::vector<float> y(ggml_nelements(out));
-                ggml_backend_tensor_get(out, y.data(), 0, y.size() * sizeof(float));
+                const std::vector<float> y = op.run(out, nt, "MUL_MAT_ID");
                 int64_t bad = 0;
                 for (int64_t t = 0; t < n_tok; ++t) {
                     for (int64_t s = 0; s < n_used; ++s) {
@@ -170,13 +168,7 @@ static void test_mul_mat_id(std::mt19937 & rng) {
 static void test_get_rows(std::mt19937 & rng) {
     const int64_t k = 1024, n = 1216, n_sl = 2, n_idx = 7;
     printf("GET_ROWS k=%lld n=%lld slices=%lld\n", (long long) k, (long long) n, (long long) n_sl);
-    std::vector<uint8_t> q;
-    std::vector<decoded> ds;
-    for (int s = 0; s < n_sl; ++s) {
-        const auto qs = encode_random_codebook(rng, random_weights(rng, n, k), n, k);
-        q.insert(q.end(), qs.begin(), qs.end());
-        ds.push_back(decode(qs.data(), k, n));
-    }
+    const auto [q, ds] = encode_random_slices(rng, n_sl, n, k);
     std::vector<int32_t> idx(n_idx * n_sl);
     for (auto & i : idx) {
         i = (int32_t) (rng() % n);
@@ -191,10 +183,7 @@ static void test_get_rows(std::mt19937 & rng) {
         op.alloc();
         ggml_backend_tensor_set(a, q.data(), 0, q.size());
         ggml_backend_tensor_set(ix, idx.data(), 0, idx.size() * sizeof(int32_t));
-        S3D8T_CHECK(op.supports(out), "GET_ROWS not supported");
-        S3D8T_CHECK(op.compute(out, nt), "compute failed");
-        std::vector<float> y(ggml_nelements(out));
-        ggml_backend_tensor_get(out, y.data(), 0, y.size() * sizeof(float));
+        const std::vector<float> y = op.run(out, nt, "GET_ROWS");
         int64_t bad = 0;
         for (int64_t s = 0; s < n_sl; ++s) {
             for (int64_t r = 0; r < n_idx; ++r) {
@@ -325,13 +314,7 @@ static void test_supports_and_views(std::mt19937 & rng) {
     ggml_tensor * mm  = ggml_mul_mat(op.ctx, v1, x);
     op.alloc();
 
-    std::vector<uint8_t> q;
-    std::vector<decoded> ds;
-    for (int s = 0; s < 2; ++s) {
-        const auto qs = encode_random_codebook(rng, random_weights(rng, n, k), n, k);
-        q.insert(q.end(), qs.begin(), qs.end());
-        ds.push_back(decode(qs.data(), k, n));
-    }
+    const auto [q, ds] = encode_random_slices(rng, 2, n, k);
     ggml_backend_tensor_set(a3, q.data(), 0, q.size());
     const auto xv = random_acts(rng, 3, k);
     ggml_backend_tensor_set(x, xv.data(), 0, xv.size() * sizeof(float));
