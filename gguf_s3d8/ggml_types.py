@@ -17,13 +17,18 @@ the KV-cache types of the series (Q4_HQQ, Q4_HQQ_128, TQ3_0) are each one object
 * ``native``: ``libs3d8-native`` (:mod:`gguf_s3d8.native`, ggml's own quantisers) encodes it;
   ``slice_quantized``: whole 2-D slices, not rows, are the unit (ggml's ``ggml_is_slice_quantized``);
 * ``torch_twin``: ``"module:name"`` of its torch fake-quantiser in QAT, where one exists - a reference only
-  (``qat.formats.torch_twin`` resolves it): this package imports neither torch nor qat.
+  (``qat.formats.torch_twin`` resolves it): this package imports neither torch nor qat. ``torch_activations``:
+  likewise, the fake-quantiser of the activations that ggml's CPU matmul pairs with a weight of the type (its
+  ``vec_dot_type``), and ``absmax_scale``: the dynamic ``amax / 127`` scale of the type ("block": one per block,
+  "row": one per row) whose gradient QAT's straight-through estimator adds; ``lossless``: a weight of the type
+  holds its fp32 value itself (F32), so QAT has nothing to simulate.
 
 The converter (``convert.tensor_types``, ``convert.common``), the native binding (:mod:`gguf_s3d8.native`), QAT
-(``qat.formats``) and the tests dispatch through :data:`TYPES` / :func:`ggml_type`, which hands the KV types to their
-codecs in :mod:`gguf_s3d8.kv_types` and S3D8 to this package's codec; the ids are checked against
-ggml.h, llama.h and the series' gguf-py by ``tests/python/test_type_ids.py``. Importing this module imports
-neither gguf nor anything with an effect on the process: gguf-py is imported where a stock type is encoded.
+(``qat.formats``, ``qat.student``, ``qat.gptq_s3d8``) and the tests dispatch through :data:`TYPES` /
+:func:`ggml_type`, which hands the KV types to their codecs in :mod:`gguf_s3d8.kv_types` and S3D8 to this package's
+codec; the ids are checked against ggml.h, llama.h and the series' gguf-py by ``tests/python/test_type_ids.py``.
+Importing this module imports neither gguf nor anything with an effect on the process: gguf-py is imported where a
+stock type is encoded.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ class GgmlType:
     slice_quantized: bool = False   #: the unit of encoding is a whole 2-D slice (S3D8), not a row
     torch_twin: str | None = None   #: "module:name" of the QAT torch fake-quantiser of the type
     upstream: bool = True           #: upstream llama.cpp defines it (False: the patch series' own type)
+    torch_activations: str | None = None  #: "module:name" of QAT's fake-quantiser of the matmul's activations
+    absmax_scale: str | None = None  #: QAT: the type's dynamic amax/127 scale, one per "block" or per "row"
 
     @property
     def gguf_name(self) -> str:
@@ -67,6 +74,15 @@ class GgmlType:
     def dtype(self) -> np.dtype:
         """dtype of the array a GGUF writer takes (uint8 bytes for block types)."""
         return np.dtype(np.uint8)
+
+    @property
+    def lossless(self) -> bool:
+        """A tensor of this type holds the fp32 values themselves (F32): nothing rounded, any layout."""
+        return self.dtype == np.float32
+
+    def scale_block(self, k: int) -> int | None:
+        """Elements of a row of length ``k`` per dynamic scale (:attr:`absmax_scale`; None: no such scale)."""
+        return {"block": self.block_size, "row": k}.get(self.absmax_scale or "")
 
     def row_nbytes(self, k: int) -> int:
         """ggml_row_size(type, k)."""
@@ -216,12 +232,16 @@ def _gguf_qtype(t: GgmlType) -> Any:
 S3D8_ENCODERS: Final[tuple[str, ...]] = ("iw1", "reference")
 
 F32: Final = FloatType("f32", 0, 1, 4, file_type=0)
-F16: Final = FloatType("f16", 1, 1, 2, file_type=1, torch_twin="qat.numerics:f16_round")
-BF16: Final = GgufPyType("bf16", 30, 1, 2, file_type=32, native=True, torch_twin="qat.numerics:bf16_rne")
+F16: Final = FloatType("f16", 1, 1, 2, file_type=1, torch_twin="qat.numerics:f16_round",
+                      torch_activations="qat.numerics:f16_round")
+BF16: Final = GgufPyType("bf16", 30, 1, 2, file_type=32, native=True, torch_twin="qat.numerics:bf16_rne",
+                         torch_activations="qat.numerics:bf16_rne")
 Q8_0: Final = GgufPyType("q8_0", 8, 32, 34, file_type=7, fallback="f16", native=True,
-                         torch_twin="qat.ggml_torch:q8_0_dequantised")
+                         torch_twin="qat.ggml_torch:q8_0_dequantised",
+                         torch_activations="qat.ggml_torch:q8_0_activations", absmax_scale="block")
 S3D8: Final = S3D8Type("s3d8", S3D8_TYPE_ID, BLOCK_SIZE, TYPE_SIZE, file_type=LLAMA_FTYPE_MOSTLY_S3D8, native=True,
-                       slice_quantized=True, torch_twin="qat.formats:S3D8Format", upstream=False)
+                       slice_quantized=True, torch_twin="qat.formats:S3D8Format", upstream=False,
+                       torch_activations="qat.s3d8_torch:fake_quant_activations", absmax_scale="row")
 # the KV types' ids follow S3D8's (96), far from upstream's end of the enum
 Q4_HQQ: Final = HqqKvType("q4_hqq", 97, 32, 20, kind="kv", upstream=False)
 Q4_HQQ_128: Final = HqqKvType("q4_hqq_128", 98, 128, 68, kind="kv", upstream=False)

@@ -35,7 +35,7 @@ from convert.upstream_source import UpstreamSource, checkpoint_placements
 from gguf_s3d8.importance import quantize_s3d8_with_scales
 from gguf_s3d8.tensor_file import S3D8TensorFile, weight_fingerprint, write_s3d8_tensors
 from qat.checkpoint import load_checkpoint
-from qat.errors import TrainError
+from qat.errors import TrainError, cli_error
 
 PRODUCER = "qat-export"
 
@@ -150,11 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         tensors = export(args.checkpoint, teacher=args.teacher)
         write_s3d8_tensors(out, tensors)
     except ExportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return cli_error(str(e))
     except OSError as e:
-        print(f"error: {out}: cannot write ({e.strerror or e})", file=sys.stderr)
-        return 2
+        return cli_error(f"{out}: cannot write ({e.strerror or e})")
     print(f"{out}: {len(tensors.containers)} S3D8 containers, {len(tensors.plain)} fp32 tensors")
     return 0
 

@@ -38,10 +38,8 @@ rows of the last triple cost codes (see :meth:`S3D8Format.bits_per_param`). The 
 per-row padding; a real base-K packing of a row of k codes needs ceil(k log2 K) bits (<1 bit per row,
 < 2e-3 bits/param at k = 576), which is ignored.
 
-The 1-D scalar searches work on sorted values with prefix sums: for a quantiser that is a monotone
-step function, the squared error of every candidate table and a Lloyd-Max update are exact sums over
-contiguous ranges of the sorted data, so a full-tensor search costs one sort plus O(K log N) per
-candidate instead of a pass over the tensor per candidate. Sums are float64.
+The per-matrix tables (Student-t, Lloyd-Max) and the sorted-data searches that fit them are in
+:mod:`qat.format_tables` (re-exported here).
 """
 
 from __future__ import annotations
@@ -54,6 +52,10 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 import numpy as np
 import torch
 
+from qat.format_tables import SortedData as _SortedData
+from qat.format_tables import crd_t_table, expected_block_max_t, lloyd_max_table
+from qat.format_tables import log_spaced as _log_spaced
+from qat.format_tables import nearest_level as _nearest_level
 from qat.numerics import absmax_bf16_scale, bf16_rne, safe_divide
 
 __all__ = [
@@ -65,6 +67,8 @@ __all__ = [
     "FORMAT_KINDS",
     "FormatKind",
     "torch_twin",
+    "torch_activations",
+    "twin_values",
     "direct_cast",
     "IntFormat",
     "StudentTFormat",
@@ -228,46 +232,6 @@ def _blocks_bits(k: int, block: int | None) -> float:
     return SCALE_BITS * (-(-k // g)) / k
 
 
-class _SortedData:
-    """Values sorted once, with float64 prefix sums of w, w*u and w*u^2 for exact range sums."""
-
-    def __init__(self, u: torch.Tensor, weight: torch.Tensor | None = None) -> None:
-        uf = u.reshape(-1).to(torch.float64)
-        order = torch.argsort(uf, stable=True)
-        self.u = uf[order].contiguous()
-        wt = torch.ones_like(self.u) if weight is None else weight.reshape(-1).to(torch.float64)[order]
-        zero = torch.zeros(1, dtype=torch.float64)
-        self.c0 = torch.cat([zero, torch.cumsum(wt, 0)])
-        self.c1 = torch.cat([zero, torch.cumsum(wt * self.u, 0)])
-        self.c2 = torch.cat([zero, torch.cumsum(wt * self.u * self.u, 0)])
-        self.n = self.u.numel()
-
-    def cuts(self, boundaries: torch.Tensor) -> torch.Tensor:
-        """Bucket edges in sorted order: element i is in bucket j iff cuts[j] <= i < cuts[j+1].
-
-        Matches ``torch.bucketize(x, boundaries)`` (right=False): x equal to a boundary goes to the
-        lower bucket.
-        """
-        inner = torch.searchsorted(self.u, boundaries.to(torch.float64), right=True)
-        return torch.cat([torch.zeros(1, dtype=torch.long), inner, torch.tensor([self.n])])
-
-    def range_sums(self, cuts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        lo, hi = cuts[:-1], cuts[1:]
-        return self.c0[hi] - self.c0[lo], self.c1[hi] - self.c1[lo], self.c2[hi] - self.c2[lo]
-
-    def sq_error(self, table: torch.Tensor) -> float:
-        """Weighted squared error of nearest-level quantisation to the sorted ``table`` (midpoint rule)."""
-        t = table.to(torch.float64)
-        s0, s1, s2 = self.range_sums(self.cuts((t[1:] + t[:-1]) / 2))
-        return float((s2 - 2 * t * s1 + t * t * s0).sum().clamp_min(0).item())
-
-
-def _nearest_level(u: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Quantise to the nearest entry of a sorted table (boundaries at midpoints, ties to the lower)."""
-    t = table.to(torch.float32)
-    idx = torch.bucketize(u, (t[1:] + t[:-1]) / 2)
-    return t[idx]
-
 
 # ---------------------------------------------------------------------------------------------------
 # INT
@@ -334,50 +298,6 @@ class IntFormat:
 # Student-t
 
 
-def expected_block_max_t(df: float, block: int) -> float:
-    """Approximate expected max |x| of ``block`` unit-scale Student-t(df) samples (df > 2).
-
-    The asymptotic form used by the reference baseline (OWF ``crd_block_t``):
-    ``(G * (2 ln(G/pi))^((df-3)/2))^(1/df) * sqrt(df/(df-2))``.
-    """
-    g = float(block)
-    return (g * (2.0 * math.log(g / math.pi)) ** ((df - 3.0) / 2.0)) ** (1.0 / df) * math.sqrt(df / (df - 2.0))
-
-
-def crd_t_table(levels: int, df: float, block: int, *, grid: int = 1 << 16) -> torch.Tensor:
-    """Symmetric K-level cube-root-density table on [-1, 1] for absmax-normalised Student-t blocks.
-
-    The values of a block are modelled as Student-t(df) truncated at the expected block max ``E``
-    (:func:`expected_block_max_t`) and divided by ``E``, so the block absmax lands at +-1. For fine
-    quantisation the MSE-optimal density of levels is proportional to ``pdf^(1/3)``; the K levels are
-    the quantiles of that (truncated) density at ``p = i / (K - 1)``, ``i = 0..K-1`` - both end points
-    +-1 are levels (the block maximum is always exactly representable), and 0 is a level iff K is odd.
-    This is the reference's "symmetric, absmax" CRD layout. The inverse CDF is evaluated numerically
-    (trapezoid rule on ``grid`` intervals of [0, E], float64, linear interpolation), which needs no
-    special functions; the result is accurate to ~1e-9.
-    """
-    if df <= 2:
-        raise ValueError(f"df must exceed 2, got {df}")
-    if levels < 2:
-        raise ValueError(f"need at least 2 levels, got {levels}")
-    e = expected_block_max_t(df, block)
-    x = torch.linspace(0.0, e, grid + 1, dtype=torch.float64)
-    # cube root of the t density, up to a constant: (1 + x^2/df)^(-(df+1)/6)
-    g = torch.exp(-(df + 1.0) / 6.0 * torch.log1p(x * x / df))
-    cdf = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum((g[1:] + g[:-1]) * 0.5, 0)])
-    cdf = cdf / cdf[-1]  # CDF of |x| under the truncated cube-root density: 0 at 0, 1 at E
-    p = torch.arange(levels, dtype=torch.float64) / (levels - 1)
-    r = (2 * p - 1).abs()  # symmetric density: the p-quantile is sign(2p-1) * (|x|-quantile at |2p-1|)
-    idx = torch.searchsorted(cdf, r).clamp(1, grid)
-    c0, c1 = cdf[idx - 1], cdf[idx]
-    frac = torch.where(c1 > c0, (r - c0) / (c1 - c0), torch.zeros_like(r))
-    mag = (x[idx - 1] + frac * (x[idx] - x[idx - 1])) / e
-    mag = torch.where(r >= 1.0, torch.ones_like(mag), torch.where(r <= 0.0, torch.zeros_like(mag), mag))
-    return torch.sign(2 * p - 1) * mag
-
-
-def _log_spaced(lo: float, hi: float, n: int) -> tuple[float, ...]:
-    return tuple(float(v) for v in np.exp(np.linspace(math.log(lo), math.log(hi), n)))
 
 
 class _TableFormat:
@@ -472,41 +392,6 @@ class StudentTFormat(_TableFormat):
 # Lloyd-Max
 
 
-def lloyd_max_table(u: torch.Tensor, levels: int, *, threshold: float = 1e-3,
-                    max_iterations: int = 10_000) -> torch.Tensor:
-    """Scalar k-means (Lloyd-Max) table of ``levels`` values for the data ``u``, sorted ascending.
-
-    Init: ``levels`` points evenly spaced from min(u) to max(u) ("uniform_minmax"). Each iteration assigns
-    every value to its nearest level (midpoint boundaries, ties to the lower level) and moves each level
-    to the mean of its values (an empty level keeps its value; a running max keeps the table sorted).
-    Stops when at most ``threshold`` of the assignments changed. Runs on all values (the reference shuffles
-    and starts from a 2^20 subset, doubling it; on the full data this is its fixed point), in float64,
-    with exact range sums over the sorted data - deterministic.
-    """
-    data = _SortedData(u)
-    lo, hi = float(data.u[0]), float(data.u[-1])
-    table = torch.linspace(lo, hi, levels, dtype=torch.float64)
-    cuts = data.cuts((table[1:] + table[:-1]) / 2)
-    for _ in range(max_iterations):
-        s0, s1, _ = data.range_sums(cuts)
-        table = torch.where(s0 > 0, s1 / torch.where(s0 > 0, s0, torch.ones_like(s0)), table)
-        table = torch.cummax(table, 0).values
-        new_cuts = data.cuts((table[1:] + table[:-1]) / 2)
-        changed = _changed_assignments(cuts, new_cuts)
-        cuts = new_cuts
-        if changed <= threshold * data.n:
-            break
-    return table
-
-
-def _changed_assignments(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Number of sorted positions whose bucket differs between two cut vectors (same length)."""
-    edges = torch.unique(torch.cat([a, b]))
-    starts, stops = edges[:-1], edges[1:]
-    ba = torch.searchsorted(a, starts, right=True) - 1
-    bb = torch.searchsorted(b, starts, right=True) - 1
-    return int(((stops - starts) * (ba != bb)).sum().item())
-
 
 @dataclass(frozen=True)
 class LloydMaxFormat(_TableFormat):
@@ -598,10 +483,14 @@ class S3D8Format:
 
     def qat_quantise(self, w: torch.Tensor, fitted: dict[str, torch.Tensor]) -> torch.Tensor:
         """S3D8 with the frozen codebook and bf16 row scales of the current ``w``: the codec's arithmetic in torch
-        (:func:`qat.s3d8_torch.s3d8_dequantised`, bit-exact with the codec for every shape)."""
-        from qat.s3d8_torch import s3d8_dequantised
+        (:func:`qat.s3d8_torch.s3d8_dequantised`, bit-exact with the codec for every shape). With frozen row
+        scales too (``fitted["scales"]``: bf16 bit patterns, e.g. a QAT student started from GPTQ's containers),
+        each triple takes its nearest entry in weight space (:func:`qat.s3d8_torch.s3d8_weight_space_values`)."""
+        from qat.s3d8_torch import frozen_alpha, s3d8_dequantised, s3d8_weight_space_values
 
         m, shape = _as_matrix(w)
+        if "scales" in fitted:
+            return s3d8_weight_space_values(m, fitted["codebook"], frozen_alpha(fitted["scales"])).reshape(shape)
         return s3d8_dequantised(m, fitted["codebook"]).reshape(shape)
 
     def bits_per_param(self, shape: Sequence[int]) -> float:
@@ -791,15 +680,44 @@ def format_family(fmt: WeightFormat) -> str:
     return kind.family(fmt)
 
 
+def _resolve(ref: str) -> Any:
+    """The object a ``"module:name"`` reference of the table of types names, imported."""
+    import importlib
+
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def torch_twin(type_name: str) -> Any:
     """The torch fake-quantiser of a ggml type, as ``gguf_s3d8.ggml_types`` names it (``torch_twin``: a function of the
     weight, or for S3D8 the :class:`S3D8Format` class), imported here: the codec imports neither torch nor qat."""
-    import importlib
-
     from gguf_s3d8.ggml_types import ggml_type
 
     ref = ggml_type(type_name).torch_twin
     if ref is None:
         raise ValueError(f"ggml type {type_name!r} has no torch twin")
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return _resolve(ref)
+
+
+def torch_activations(type_name: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The fake-quantiser of the activations that ggml's CPU matmul pairs with a weight of the type
+    (``gguf_s3d8.ggml_types``' ``torch_activations``; None: they stay as they are)."""
+    from gguf_s3d8.ggml_types import ggml_type
+
+    ref = ggml_type(type_name).torch_activations
+    return None if ref is None else _resolve(ref)
+
+
+def twin_values(type_name: str) -> Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]:
+    """``values(w, frozen)``: the fake-quantised value of a weight ``w`` (GGUF row order) of a ggml type, given the
+    frozen per-matrix part the type has (S3D8: ``{"codebook"}``, with ``"scales"`` where the row scales are frozen
+    too; the others: none). A twin that is a format class computes ``qat_quantise(w, frozen)``; a twin function
+    is applied to ``w``; a lossless type (F32) gives ``w`` itself."""
+    from gguf_s3d8.ggml_types import ggml_type
+
+    if ggml_type(type_name).lossless:
+        return lambda w, frozen: w
+    twin = torch_twin(type_name)
+    if isinstance(twin, type):
+        return twin().qat_quantise
+    return lambda w, frozen: twin(w)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,12 +38,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from qat.errors import TrainError
+from convert.tensor_types import FALLBACK_TYPES, OUT_TYPES
+from gguf_s3d8.ggml_types import S3D8, WEIGHT_TYPES, ggml_type
+from qat.errors import TrainError, cli_error
+from qat.formats import torch_twin
 from qat.gptq import GPTQConfig, GPTQStats, collect_hessians, gptq_quantise
 from qat.training.data import sample_inputs, tokenise_samples
 from qat.training.models import load_teacher, model_type
 
 PRODUCER = "gptq-iw1"
+#: ``--weights-dtype``: the element-wise float types (the type of an unquantised GGUF the model may come from)
+FLOAT_TYPES = tuple(t.name for t in WEIGHT_TYPES if t.block_size == 1)
 
 
 class GPTQError(Exception):
@@ -225,13 +229,14 @@ class GPTQRun:
 
 
 def _weights_rounded(model: nn.Module, dtype: str) -> None:
-    """Round every parameter to ``dtype`` (f16/bf16) in place: the values a conversion from such a GGUF holds."""
-    if dtype == "f32":
+    """Round every parameter to ``dtype`` (f16/bf16: its torch twin; f32: as is) in place: the values a conversion
+    from such a GGUF holds."""
+    if ggml_type(dtype).lossless:
         return
-    t = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    rounded = torch_twin(dtype)
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(p.to(t).to(torch.float32))
+            p.copy_(rounded(p))
 
 
 def s3d8_plan(model: nn.Module, model_dir: Path, *, fallback_type: str, vision_type: str) -> dict[str, Any]:
@@ -255,7 +260,7 @@ def gptq_s3d8_model(model_dir: Path, calibration: Calibration, *, fallback_type:
     model = load_teacher(model_dir)
     _weights_rounded(model, weights_dtype)
     specs = {k: s for k, s in s3d8_plan(model, model_dir, fallback_type=fallback_type, vision_type=vision_type).items()
-             if s.qtype == "s3d8"}
+             if s.qtype == S3D8.name}
     if not specs:
         raise GPTQError(f"{model_dir}: no matrix of this model can be stored as S3D8 (nothing to GPTQ)")
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -337,11 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plain text (UTF-8) or a qat.generate JSONL (required for mllama: samples with images)")
     p.add_argument("-o", "--out", type=Path, required=True, metavar="FILE", help="S3D8 tensor file to write (.safetensors)")
     add_calibration_options(p)
-    p.add_argument("--fallback-type", choices=("q8_0", "f16", "bf16", "f32"), default="q8_0",
+    p.add_argument("--fallback-type", choices=FALLBACK_TYPES, default="q8_0",
                    help="the converter's --fallback-type (decides which matrices are S3D8; default %(default)s)")
-    p.add_argument("--vision-type", choices=("s3d8", "q8_0", "f16", "bf16", "f32"), default="s3d8",
+    p.add_argument("--vision-type", choices=OUT_TYPES, default="s3d8",
                    help="mllama: the converter's --mmproj-type (default %(default)s)")
-    p.add_argument("--weights-dtype", choices=("f32", "f16", "bf16"), default="f32",
+    p.add_argument("--weights-dtype", choices=FLOAT_TYPES, default="f32",
                    help="round the weights to this type first: use f16 to convert from an f16 GGUF of the same "
                         "model afterwards (default %(default)s: as loaded)")
     p.add_argument("--seed", type=int, default=0, help="seed of the codebook fit (default %(default)s)")
@@ -374,11 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      weights_dtype=args.weights_dtype, seed=args.seed, progress=not args.no_progress, start=args.start)
         write_s3d8_tensors(args.out, result.tensor_file())
     except GPTQError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return cli_error(str(e))
     except OSError as e:
-        print(f"error: {e.filename or args.out}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return cli_error(f"{e.filename or args.out}: {e.strerror or e}")
     info = result.info
     print(f"{args.out}: {len(result.results)} S3D8 matrices, GPTQ on {info['calibration']['tokens']} calibration "
           f"tokens in {info['seconds']['total']:.0f} s")

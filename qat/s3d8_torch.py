@@ -136,6 +136,11 @@ def s3d8_dequantised(w: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     return alpha[:, None] * signed.reshape(-1, k)[:n]
 
 
+def frozen_alpha(scales: torch.Tensor) -> torch.Tensor:
+    """fp32 values of frozen bf16 row scales (bit patterns in an integer tensor)."""
+    return (scales.to(torch.int32) << 16).view(torch.float32)
+
+
 def s3d8_weight_space_values(w: torch.Tensor, codebook: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     """The S3D8 value of fp32 columns ``w`` (n, c) under a frozen codebook and frozen row scales ``alpha`` (n,)
     (fp32 values of bf16 numbers), each triple taking its nearest entry in weight space: bit for bit

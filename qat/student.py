@@ -39,9 +39,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from qat.ggml_torch import q8_0_activations, q8_0_dequantised
-from qat.numerics import bf16_rne, f16_round
-from qat.s3d8_torch import fake_quant_activations, s3d8_dequantised, s3d8_weight_space_values
+from gguf_s3d8 import ggml_types
 
 __all__ = ["WeightSpec", "plan_weights", "fake_quant_weight", "weights_stepped", "quantise_student", "QuantLinear", "QuantEmbedding",
            "student_specs", "format_spec", "plan_format", "spec_from_state", "start_from_containers"]
@@ -57,13 +55,6 @@ class GgufType:
     dequantised: Callable[[torch.Tensor, "WeightSpec"], torch.Tensor]
     activations: Callable[[torch.Tensor], torch.Tensor] | None
     scale_block: Callable[[int], int | None]
-
-
-def _s3d8_values(g: torch.Tensor, spec: "WeightSpec") -> torch.Tensor:
-    assert spec.codebook is not None
-    if spec.scales is not None:
-        return s3d8_weight_space_values(g, spec.codebook, frozen_alpha(spec.scales))
-    return s3d8_dequantised(g, spec.codebook)
 
 
 def _no_scale(k: int) -> int | None:
@@ -82,18 +73,25 @@ def _simulated_format(format_id: str) -> Any:
     return format_from_id(format_id)
 
 
-#: The one dispatch on a weight's type string (:attr:`WeightSpec.qtype`): the GGUF types, and ``"format"`` for a
-#: simulation student's ``qat.formats`` format (its fitted part in the spec; activations not quantised, identity
-#: gradient).
-GGUF_TYPES: dict[str, GgufType] = {
-    "format": GgufType(_format_values, None, _no_scale),
-    "s3d8": GgufType(_s3d8_values, fake_quant_activations, lambda k: k),
-    "q8_0": GgufType(lambda g, spec: q8_0_dequantised(g), q8_0_activations, lambda k: 32),
-    "f16": GgufType(lambda g, spec: f16_round(g), f16_round, _no_scale),
-    "bf16": GgufType(lambda g, spec: bf16_rne(g), bf16_rne, _no_scale),
-    "f32": GgufType(lambda g, spec: g, None, _no_scale),
-}
-WEIGHT_TYPES = tuple(t for t in GGUF_TYPES if t != "format")  #: the types a GGUF weight can have
+#: The type of a simulation student's weight (:func:`format_spec`): a ``qat.formats`` format, not a GGUF type
+#: (its fitted part in the spec; activations not quantised, identity gradient).
+FORMAT = "format"
+WEIGHT_TYPES = tuple(t.name for t in ggml_types.WEIGHT_TYPES)  #: the types a GGUF weight can have
+
+
+@functools.lru_cache(maxsize=None)
+def student_type(qtype: str) -> GgufType:
+    """How the student computes with a weight of type ``qtype`` (one of :data:`WEIGHT_TYPES`, or ``"format"``):
+    for a GGUF type, what the table of types (``gguf_s3d8.ggml_types``) names - its torch twin with the spec's
+    frozen part (``qat.formats.twin_values``), the activations' twin (``torch_activations``) and its dynamic scale
+    (``scale_block``)."""
+    if qtype == FORMAT:
+        return GgufType(_format_values, None, _no_scale)
+    from qat.formats import torch_activations, twin_values
+
+    t = ggml_types.ggml_type(qtype)
+    values = twin_values(t.name)
+    return GgufType(lambda g, spec: values(g, spec.frozen()), torch_activations(t.name), t.scale_block)
 
 
 @dataclass
@@ -108,7 +106,7 @@ class WeightSpec:
 
     hf_name: str
     gguf_name: str
-    qtype: str                      # one of WEIGHT_TYPES, or "format"
+    qtype: str                      # one of WEIGHT_TYPES, or FORMAT
     perm: torch.Tensor | None       # GGUF row r = HF row perm[r] (q/k RoPE layout), None = identity
     codebook: torch.Tensor | None   # (32, 3) uint8 for S3D8
     scales: torch.Tensor | None = None  # (n,) int32 holding bf16 bit patterns, GGUF row order; None = absmax
@@ -127,10 +125,14 @@ class WeightSpec:
         return _simulated_format(self.format_id)
 
     def gguf_type(self) -> GgufType:
-        found = GGUF_TYPES.get(self.qtype)
-        if found is None:
+        if self.qtype != FORMAT and self.qtype not in WEIGHT_TYPES:
             raise ValueError(f"{self.hf_name}: unknown weight type {self.qtype!r}")
-        return found
+        return student_type(self.qtype)
+
+    def frozen(self) -> dict[str, torch.Tensor]:
+        """The frozen per-matrix part of a GGUF weight, as its torch twin takes it (``qat_quantise``'s ``fitted``):
+        the S3D8 codebook and, if frozen, the row scales; nothing for the other types."""
+        return {k: v for k, v in (("codebook", self.codebook), ("scales", self.scales)) if v is not None}
 
     def dequantised(self, w: torch.Tensor) -> torch.Tensor:
         """The GGUF's dequantised value of the fp32 master ``w`` (HF row order)."""
@@ -159,7 +161,7 @@ class WeightSpec:
 def format_spec(hf_name: str, format_id: str, fitted: dict[str, torch.Tensor]) -> WeightSpec:
     """A simulation student's weight: ``qat.formats`` format ``format_id`` with its frozen fitted part."""
     _simulated_format(format_id)  # an unknown id fails here, not at the first forward
-    return WeightSpec(hf_name, format_id, "format", None, None, format_id=format_id, fitted=dict(fitted))
+    return WeightSpec(hf_name, format_id, FORMAT, None, None, format_id=format_id, fitted=dict(fitted))
 
 
 def spec_from_state(d: dict[str, Any]) -> WeightSpec:
@@ -218,10 +220,10 @@ def _plan(model: nn.Module, place: Callable[[str, torch.Tensor], Placement], *, 
         seen.add(id(mod.weight))
         w = mod.weight.detach().to(torch.float32)
         gguf_name, gguf_shape, qtype, perm = place(hf_name, w)
-        if qtype != "f32" and tuple(w.shape) != tuple(gguf_shape):
+        if not ggml_types.ggml_type(qtype).lossless and tuple(w.shape) != tuple(gguf_shape):
             raise ValueError(f"{hf_name}: shape {tuple(w.shape)}, the converter writes {gguf_name} as {gguf_shape}")
         codebook = None
-        if qtype == "s3d8" and fit_codebooks and gguf_name not in given_codebooks:
+        if qtype == ggml_types.S3D8.name and fit_codebooks and gguf_name not in given_codebooks:
             w_gguf = (w if perm is None else w[perm]).numpy()
             codebook = torch.from_numpy(gguf_s3d8.fit_codebook(w_gguf, centroid_rule=rule, seed=seed, name=gguf_name))
         specs[hf_name] = WeightSpec(hf_name, gguf_name, qtype, perm, codebook)
@@ -251,9 +253,9 @@ def plan_weights(model: nn.Module, model_dir: Path, *, vision_type: str | None =
         p = placements(hf_name)
         if p is None:
             raise ValueError(f"{hf_name}: the converter writes no tensor for this weight")
-        qtype = p.qtype.name.lower()
-        perm = None if qtype == "f32" or p.rows is None else torch.from_numpy(np.ascontiguousarray(p.rows))
-        return p.gguf_name, p.shape, qtype, perm
+        t = ggml_types.ggml_type(p.qtype)
+        perm = None if t.lossless or p.rows is None else torch.from_numpy(np.ascontiguousarray(p.rows))
+        return p.gguf_name, p.shape, t.name, perm
 
     return _plan(model, place, centroid_rule=centroid_rule, seed=seed, progress=progress, fit_codebooks=fit_codebooks,
                  given_codebooks=given_codebooks)
@@ -266,11 +268,6 @@ def plan_weights(model: nn.Module, model_dir: Path, *, vision_type: str | None =
 def _dequantised(w: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
     """The GGUF's dequantised value of the fp32 master ``w`` (HF row order); a simulated format's value."""
     return spec.dequantised(w)
-
-
-def frozen_alpha(scales: torch.Tensor) -> torch.Tensor:
-    """fp32 values of frozen bf16 row scales (bit patterns in an integer tensor)."""
-    return (scales.to(torch.int32) << 16).view(torch.float32)
 
 
 def start_from_containers(model: nn.Module, tensors: Any) -> tuple[list[str], list[str]]:
@@ -294,7 +291,7 @@ def start_from_containers(model: nn.Module, tensors: Any) -> tuple[list[str], li
         spec = m.spec
         if spec.gguf_name not in tensors.containers:
             continue
-        if spec.qtype != "s3d8":
+        if spec.qtype != ggml_types.S3D8.name:
             raise ValueError(f"{spec.gguf_name}: the file holds an S3D8 container, the student stores {spec.qtype}")
         c = tensors.containers[spec.gguf_name]
         parts = read_container(c, name=spec.gguf_name)

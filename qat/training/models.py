@@ -14,6 +14,7 @@ from typing import Any, Collection
 import torch
 from torch import nn
 
+from gguf_s3d8.ggml_types import S3D8
 from gguf_s3d8.tensor_file import S3D8TensorFileError, read_s3d8_tensors
 from qat.checkpoint import load_checkpoint
 from qat.errors import TrainError
@@ -107,7 +108,7 @@ def s3d8_weights(student: nn.Module) -> list[torch.Tensor]:
     """The master weights of the student's S3D8 matrices (a tied embedding / LM head once)."""
     found: dict[int, torch.Tensor] = {}
     for m in student.modules():
-        if isinstance(m, (QuantLinear, QuantEmbedding)) and m.spec.qtype == "s3d8":
+        if isinstance(m, (QuantLinear, QuantEmbedding)) and m.spec.qtype == S3D8.name:
             found.setdefault(id(m.weight), m.weight)
     return list(found.values())
 

@@ -109,6 +109,25 @@ def test_each_torch_twin_is_the_numpy_round_trip(name: str) -> None:
     np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
 
 
+@pytest.mark.parametrize("name", [t.name for t in ggml_types.WEIGHT_TYPES])
+def test_the_students_values_are_the_numpy_round_trip(name: str) -> None:
+    """qat.formats.twin_values, with which the QAT student computes a GGUF weight of each type, gives
+    decode(encode(w)) bit for bit (S3D8: with the container's codebook frozen; F32: w itself)."""
+    import torch
+
+    from gguf_s3d8.container import read_container
+    from qat.formats import twin_values
+
+    t = ggml_types.TYPES[name]
+    w = np.random.default_rng(22).standard_normal((192, 1024)).astype(np.float32)
+    data = t.encode(w, encoder="reference") if t.slice_quantized else t.encode(w)
+    frozen = {"codebook": torch.from_numpy(np.array(read_container(data).codebook, dtype=np.uint8))} \
+        if t.slice_quantized else {}
+    got = twin_values(name)(torch.from_numpy(w), frozen).numpy()
+    want = t.decode(data).reshape(w.shape).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_upstream_flag_is_the_pinned_upstream_enum() -> None:
     """A type marked ``upstream`` is in the pinned, unpatched upstream ggml.h with its id; the series' own are not
     (the converter plans those with upstream's F16 and recodes)."""
@@ -128,10 +147,14 @@ def test_upstream_flag_is_the_pinned_upstream_enum() -> None:
 
 
 #: the modules that dispatch on types through gguf_s3d8.ggml_types (issue 48, item 3) and must not grow a per-type
-#: branch again
+#: branch again; QAT's student, GPTQ and training models ask the table too (the torch twins of the types)
 DISPATCHING = ["convert/tensor_types.py", "convert/common.py", "convert/upstream_source.py", "gguf_s3d8/native.py",
-               "gguf_s3d8/kv_types.py", "qat/formats.py"]
-TYPE_BRANCH = re.compile(r"""(==|!=|\bin)\s*\(?\s*QT\.\w+|\b(qtype|out_type|type_name|requested|name)\s*[!=]=\s*["'](f32|f16|bf16|q8_0|s3d8|q4_hqq|q4_hqq_128|tq3_0)["']""")
+               "gguf_s3d8/kv_types.py", "qat/formats.py", "qat/student.py", "qat/gptq_s3d8.py",
+               "qat/training/models.py"]
+_NAMES = "f32|f16|bf16|q8_0|s3d8|q4_hqq|q4_hqq_128|tq3_0"
+#: a comparison with a gguf-py member, a type-named variable compared with a type's name, or a type's name as the
+#: key of a dict literal (a per-type table)
+TYPE_BRANCH = re.compile(rf"""(==|!=|\bin)\s*\(?\s*QT\.\w+|\b(qtype|out_type|type_name|requested|name|dtype)\s*[!=]=\s*["']({_NAMES})["']|(^|[{{,])\s*["']({_NAMES})["']\s*:\s*\S""")
 
 
 @pytest.mark.parametrize("path", DISPATCHING)
