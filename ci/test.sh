@@ -95,5 +95,14 @@ else
     status=1
 fi
 
+# the mutation check's daily sample (docs/reliability.md, "Mutation check"): five of ci/mutants.py's faults, drawn
+# by the date, each applied alone, rebuilt and given only the tests of its code; a fault that the tests let pass (a
+# survivor) or a mutant whose line is gone (a stale list) fails the step
+if [[ ! -f "$results/build-host.failed" && ! -f "$results/build-vulkan.failed" ]]; then
+    printf '\033[1m[test]\033[0m mutants (the daily sample of five)\n' >&2
+    timed mutants "$PY" ci/mutants.py --sample 5 --seed "$(date -u +%Y%m%d)" --junitxml="$results/mutants.xml" \
+        --log "$results/mutants.log" || status=1
+fi
+
 "$PY" ci/summarize.py "$results" || status=1
 exit $status
