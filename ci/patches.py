@@ -480,8 +480,7 @@ def main(argv: list[str] | None = None) -> int:
                 for p in files:
                     print(f"    {name(p, args.patches)}")
     except (PatchError, upstream.UpstreamError) as e:
-        print(f"patches: error: {e}", file=sys.stderr)
-        return 1
+        return upstream.cli_failed("patches", e)
     return 0
 
 

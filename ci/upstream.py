@@ -371,6 +371,12 @@ def fetch(name: str = PIN, source: str = "sdist", url: str = UPSTREAM_GIT_URL,
     return ref_tree
 
 
+def cli_failed(prog: str, e: BaseException) -> int:
+    """Print ``PROG: error: E`` on stderr and give the exit status of a failed command (1): the CI scripts' ending."""
+    print(f"{prog}: error: {e}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -394,8 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                 role = t.role + (", checked by CI" if t.name in CHECKED and t.name != PIN else "")
                 print(f"{t.name:8} {role or '-':28} {t.sdist.requirement:28} {t.commit or 'tree ' + t.tree_hash}")
     except (UpstreamError, subprocess.CalledProcessError) as e:
-        print(f"upstream: error: {e}", file=sys.stderr)
-        return 1
+        return cli_failed("upstream", e)
     return 0
 
 

@@ -127,13 +127,17 @@ def test_empty_series_round_trips(tmp_path: Path, pinned_tree: Path) -> None:
     patches.check(empty)
 
 
+def declare_type(header: Path, declaration: str) -> None:
+    """Add ``declaration`` (``GGML_TYPE_X = 96``) to ggml.h's type enum, before GGML_TYPE_COUNT (then 97)."""
+    header.write_text(header.read_text().replace("GGML_TYPE_COUNT   = 43,", f"{declaration},\n        GGML_TYPE_COUNT   = 97,"))
+
+
 def test_series_round_trips_byte_identically(tmp_path: Path, pinned_tree: Path) -> None:
     series = new_series(tmp_path)
     tree = patches.apply(tmp_path / "tree", series)
 
     def edit_header(t: Path) -> None:
-        h = t / "ggml/include/ggml.h"
-        h.write_text(h.read_text().replace("GGML_TYPE_COUNT   = 43,", "GGML_TYPE_XTEST  = 96,\n        GGML_TYPE_COUNT   = 97,"))
+        declare_type(t / "ggml/include/ggml.h", "GGML_TYPE_XTEST  = 96")
 
     def add_files(t: Path) -> None:
         (t / "docs/s3d8-test.md").write_text("new file\nwith two lines\n")
@@ -342,8 +346,7 @@ def test_type_id_collision_is_detected(tmp_path: Path, pinned_tree: Path) -> Non
     tree = patches.apply(tmp_path / "tree", series)
 
     def add_type(t: Path) -> None:
-        h = t / "ggml/include/ggml.h"
-        h.write_text(h.read_text().replace("GGML_TYPE_COUNT   = 43,", "GGML_TYPE_MINE    = 96,\n        GGML_TYPE_COUNT   = 97,"))
+        declare_type(t / "ggml/include/ggml.h", "GGML_TYPE_MINE    = 96")
     commit_change(tree, "ggml : add GGML_TYPE_MINE", add_type)
     patches.export(tree, series)
     assert check_upstream.check_ids(pinned_tree, series) == []
@@ -352,7 +355,7 @@ def test_type_id_collision_is_detected(tmp_path: Path, pinned_tree: Path) -> Non
     shutil.copytree(pinned_tree, fake, symlinks=True)
     h = fake / check_upstream.GGML_H
     h.chmod(0o644)
-    h.write_text(h.read_text().replace("GGML_TYPE_COUNT   = 43,", "GGML_TYPE_NEW     = 96,\n        GGML_TYPE_COUNT   = 97,"))
+    declare_type(h, "GGML_TYPE_NEW     = 96")
     assert check_upstream.check_ids(fake, series) == ["GGML_TYPE_MINE = 96 collides with upstream's GGML_TYPE_NEW"]
 
 

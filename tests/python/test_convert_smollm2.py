@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "ci"))
 import upstream  # noqa: E402  (ci/upstream.py: where the reference tree lives)
 from convert.to_gguf import main  # noqa: E402
+from tests.converted import gguf_kv, our_gguf, outputs  # noqa: E402,F401  (outputs: a fixture)
 
 PY = sys.executable
 
@@ -67,18 +68,6 @@ def hf_dir() -> Path:
     return assets.smollm2_hf_dir()
 
 
-@pytest.fixture(scope="module")
-def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("smollm2")
-
-
-def _ours(hf_dir: Path, out_type: str, outputs: Path) -> Path:
-    out = outputs / f"ours-{out_type}.gguf"
-    if not out.exists():
-        assert main([str(hf_dir), "--type", out_type, "-o", str(out), "--no-progress"]) == 0
-    return out
-
-
 def _upstream(hf_dir: Path, out_type: str, outputs: Path) -> Path:
     out = outputs / f"upstream-{out_type}.gguf"
     if not out.exists():
@@ -90,15 +79,11 @@ def _upstream(hf_dir: Path, out_type: str, outputs: Path) -> Path:
     return out
 
 
-def _kv(r: gguf.GGUFReader) -> dict[str, tuple[tuple[int, ...], object]]:
-    return {k: (tuple(int(t) for t in f.types), f.contents()) for k, f in r.fields.items() if not k.startswith("GGUF.")}
-
-
 @pytest.mark.parametrize("out_type", ["f16", "q8_0"])
 def test_same_as_upstream(hf_dir: Path, outputs: Path, out_type: str) -> None:
-    ours, theirs = _ours(hf_dir, out_type, outputs), _upstream(hf_dir, out_type, outputs)
+    ours, theirs = our_gguf(hf_dir, out_type, outputs), _upstream(hf_dir, out_type, outputs)
     a, b = gguf.GGUFReader(ours), gguf.GGUFReader(theirs)
-    ka, kb = _kv(a), _kv(b)
+    ka, kb = gguf_kv(a), gguf_kv(b)
     for key in ALLOWED_GENERAL_DIFFERENCES:
         assert key.startswith("general.")
         ka.pop(key, None)
@@ -130,7 +115,7 @@ def test_gguf_input_same_tensors(hf_dir: Path, outputs: Path) -> None:
     the q/k permutation, our HF path redoes it: the round trip is exact)."""
     via_gguf = outputs / "from-gguf-f16.gguf"
     assert main([str(assets.smollm2_gguf_path()), "--type", "f16", "-o", str(via_gguf), "--no-progress"]) == 0
-    a, b = gguf.GGUFReader(via_gguf), gguf.GGUFReader(_ours(hf_dir, "f16", outputs))
+    a, b = gguf.GGUFReader(via_gguf), gguf.GGUFReader(our_gguf(hf_dir, "f16", outputs))
     assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
     for x, y in zip(a.tensors, b.tensors):
         assert np.asarray(x.data).tobytes() == np.asarray(y.data).tobytes(), x.name
@@ -193,7 +178,7 @@ PPL_REL_TOL = 0.01
 
 
 def test_loads_in_llama_cpp(hf_dir: Path, outputs: Path, tmp_path: Path) -> None:
-    model = _ours(hf_dir, "f16", outputs)
+    model = our_gguf(hf_dir, "f16", outputs)
     ppl, _ = perplexity(model, tmp_path)
     want = transformers_perplexity(hf_dir, model, tmp_path / "eval.txt")
     assert ppl == pytest.approx(want, rel=PPL_REL_TOL), (ppl, want)

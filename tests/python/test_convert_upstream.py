@@ -40,6 +40,7 @@ from fixtures import assets
 from fixtures.synthetic import train_sentencepiece, write_tiny_hf_model
 from convert.to_gguf import main
 from convert.upstream_tree import upstream_converter
+from tests.converted import gguf_kv, our_gguf, outputs  # noqa: F401  (outputs: a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,11 +75,6 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory, spm_dir: Path) -> dict
     return out
 
 
-@pytest.fixture(scope="module")
-def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("out")
-
-
 def upstream_file(model_dir: Path, out_type: str, outputs: Path) -> Path:
     """What upstream's convert_hf_to_gguf.py writes (its main(), run here; its logging set-up left out)."""
     out = outputs / f"upstream-{model_dir.name}-{out_type}.gguf"
@@ -95,20 +91,9 @@ def upstream_file(model_dir: Path, out_type: str, outputs: Path) -> Path:
     return out
 
 
-def our_file(model_dir: Path, out_type: str, outputs: Path, *extra: str) -> Path:
-    out = outputs / f"ours-{model_dir.name}-{out_type}{''.join(extra)}.gguf"
-    if not out.exists():
-        assert main([str(model_dir), "--type", out_type, "-o", str(out), "--no-progress", *extra]) == 0
-    return out
-
-
-def _kv(r: gguf.GGUFReader) -> dict[str, tuple[tuple[int, ...], Any]]:
-    return {k: (tuple(int(t) for t in f.types), f.contents()) for k, f in r.fields.items() if not k.startswith("GGUF.")}
-
-
 def _explain_difference(a: Path, b: Path) -> str:
     ra, rb = gguf.GGUFReader(a), gguf.GGUFReader(b)
-    ka, kb = _kv(ra), _kv(rb)
+    ka, kb = gguf_kv(ra), gguf_kv(rb)
     if list(ka) != list(kb):
         return f"keys differ: only ours {sorted(set(ka) - set(kb))}, only upstream {sorted(set(kb) - set(ka))}"
     for k in ka:
@@ -126,7 +111,7 @@ def _explain_difference(a: Path, b: Path) -> str:
 @pytest.mark.parametrize("model", list(MODELS))
 def test_byte_identical_to_upstream(model: str, out_type: str, checkpoints: dict[str, Path], outputs: Path) -> None:
     d = checkpoints[model]
-    ours, theirs = our_file(d, out_type, outputs), upstream_file(d, out_type, outputs)
+    ours, theirs = our_gguf(d, out_type, outputs), upstream_file(d, out_type, outputs)
     assert ours.read_bytes() == theirs.read_bytes(), _explain_difference(ours, theirs)
 
 
@@ -139,12 +124,12 @@ def _vocab_kind(path: Path) -> tuple[str, str, int, bool]:
 
 def test_tokenizer_kinds_and_embeddings(checkpoints: dict[str, Path], outputs: Path) -> None:
     """SentencePiece and byte-level BPE vocabularies, tied and untied embeddings, as upstream writes them."""
-    got = {m: _vocab_kind(our_file(checkpoints[m], "f16", outputs)) for m in MODELS}
+    got = {m: _vocab_kind(our_gguf(checkpoints[m], "f16", outputs)) for m in MODELS}
     assert got["llama-bpe"] == ("gpt2", "smollm", 49152, False)
     assert got["mistral-spm"][0] == "llama" and got["mistral-spm"][2] == 1000 and got["mistral-spm"][3]
     assert got["qwen2-spm"][0] == "llama" and got["qwen2-spm"][3]
     assert got["gemma3-spm"][0] == "llama" and not got["gemma3-spm"][3]
-    r = gguf.GGUFReader(our_file(checkpoints["mistral-spm"], "f16", outputs))
+    r = gguf.GGUFReader(our_gguf(checkpoints["mistral-spm"], "f16", outputs))
     assert len(r.fields["tokenizer.ggml.scores"].contents()) == 1000  # SentencePiece scores are there
 
 
@@ -159,9 +144,9 @@ def test_s3d8_differs_only_in_s3d8_tensors(model: str, checkpoints: dict[str, Pa
     import gguf_s3d8  # noqa: F401  (S3D8 for the reader)
 
     d = checkpoints[model]
-    ours = gguf.GGUFReader(our_file(d, "s3d8", outputs, "--fallback-type", "f16"))
+    ours = gguf.GGUFReader(our_gguf(d, "s3d8", outputs, "--fallback-type", "f16"))
     theirs = gguf.GGUFReader(upstream_file(d, "f16", outputs))
-    ka, kb = _kv(ours), _kv(theirs)
+    ka, kb = gguf_kv(ours), gguf_kv(theirs)
     assert list(ka) == list(kb)
     assert ka.pop("general.file_type")[1] == 96 and kb.pop("general.file_type")[1] == 1
     assert ka == kb
@@ -190,7 +175,7 @@ def test_s3d8_container_is_the_codecs(checkpoints: dict[str, Path], outputs: Pat
 
     d = checkpoints["llama-bpe"]
     w = load_file(str(d / "model.safetensors"))["model.layers.1.mlp.down_proj.weight"]
-    ts = {t.name: t for t in gguf.GGUFReader(our_file(d, "s3d8", outputs, "--fallback-type", "f16")).tensors}
+    ts = {t.name: t for t in gguf.GGUFReader(our_gguf(d, "s3d8", outputs, "--fallback-type", "f16")).tensors}
     want = quantize_s3d8_importance(np.asarray(w, np.float32), None, seed=0, name="blk.1.ffn_down.weight")
     np.testing.assert_array_equal(np.asarray(ts["blk.1.ffn_down.weight"].data), want)
 
@@ -200,7 +185,7 @@ def test_s3d8_runs_in_llama_cpp(model: str, checkpoints: dict[str, Path], output
     exe = bin_dir() / "llama-perplexity"
     if not exe.is_file():
         pytest.fail(f"{exe} not found: build llama.cpp first (`bash ci/build.sh host`) or set S3D8_BIN_DIR")
-    path = our_file(checkpoints[model], "s3d8", outputs, "--fallback-type", "f16")
+    path = our_gguf(checkpoints[model], "s3d8", outputs, "--fallback-type", "f16")
     text = tmp_path / "eval.txt"
     text.write_text(assets.wiki_text("eval")[:6000], encoding="utf-8")
     # the running estimate per chunk ("[1]1117.97,[2]1080.94,") and the "Final estimate" line go through llama.cpp's
@@ -276,7 +261,7 @@ def test_placements_of_text_models(checkpoints: dict[str, Path], outputs: Path, 
 
     for model in ("llama-bpe", "qwen2-spm"):
         d = checkpoints[model]
-        assert _check_placements(d, [(our_file(d, "f32", outputs), None)], tmp_path) == (2 * 2 if model == "llama-bpe" else 0)  # 2 layers x (q, k)
+        assert _check_placements(d, [(our_gguf(d, "f32", outputs), None)], tmp_path) == (2 * 2 if model == "llama-bpe" else 0)  # 2 layers x (q, k)
         _check_placement_types([(UpstreamSource(d), "s3d8")])
 
 

@@ -198,12 +198,19 @@ def test_llama_cli_answers_like_x86(variant, tiny_llama, llama_x86):
     assert cli_answer(tool(variant, "llama-cli"), tiny_llama, 16) == ANSWER.encode()
 
 
+def dump_like_x86(aarch64_dump, variant, model: str, x86, what: str):
+    """The emulated ``variant``'s dump of the tiny ``model`` ("llama" or "mllama"), whose first layer's attention
+    norm and V are those of the x86 dump ``x86`` exactly."""
+    got = aarch64_dump(variant, model)
+    for name in ("attn_norm-0", "Vcur-0"):
+        assert np.array_equal(got.tensors[name], x86.tensors[name]), f"{what}: {name} differs from x86"
+    return got
+
+
 @pytest.mark.parametrize("variant", VARIANT_PARAMS)
 def test_llama_logits_against_x86(variant, tiny_llama, llama_x86, aarch64_dump):
-    got = aarch64_dump(variant, "llama")
     what = f"{variant} tiny Llama"
-    for name in ("attn_norm-0", "Vcur-0"):
-        assert np.array_equal(got.tensors[name], llama_x86.tensors[name]), f"{what}: {name} differs from x86"
+    got = dump_like_x86(aarch64_dump, variant, "llama", llama_x86, what)
     assert_exact_s3d8(got, tiny_llama.gguf, what=what)
     e_prompt = rel_err(got.prompt_logits, llama_x86.prompt_logits)
     assert_decisive_chain(decisions(llama_x86), TOL, what="tiny Llama answer")  # so every step compares
@@ -230,9 +237,7 @@ def test_mtmd_cli_answers_like_x86(variant, tiny_mllama, mllama_x86):
 
 @pytest.mark.parametrize("variant", VARIANT_PARAMS)
 def test_mllama_logits_against_x86(variant, tiny_mllama, mllama_x86, aarch64_dump):
-    got = aarch64_dump(variant, "mllama")
     what = f"{variant} tiny mllama"
-    for name in ("attn_norm-0", "Vcur-0"):
-        assert np.array_equal(got.tensors[name], mllama_x86.tensors[name]), f"{what}: {name} differs from x86"
+    got = dump_like_x86(aarch64_dump, variant, "mllama", mllama_x86, what)
     assert_exact_s3d8(got, tiny_mllama.text, mmproj=tiny_mllama.mmproj, what=what)
     assert_mllama_close(got, mllama_x86, what=what, ref_name="x86")

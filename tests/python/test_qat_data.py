@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from qat import prompts as P
+from tests.http_stub import send_json
 from qat.data import FinishReason, Sample, SampleWriter, append_sample, read_samples, recover
 from qat.generate import (EndpointTeacher, GenConfig, GenerateError, PromptRenderer, TransformersTeacher,
                           list_images, main, make_job, run)
@@ -250,12 +251,7 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         pass
 
     def _send(self, obj: dict, status: int = 200) -> None:
-        body = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, obj, status)
 
     def do_GET(self) -> None:
         if self.path == "/v1/models":

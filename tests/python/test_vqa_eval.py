@@ -24,6 +24,7 @@ from qat.eval.readers import read_dataset
 from qat.eval.runner import evaluate
 from qat.eval.subset import subset_indices
 from qat.eval.tasks import TASKS
+from tests.http_stub import send_json
 
 EOT = "<|eot_id|>"
 
@@ -384,12 +385,7 @@ class FakeOpenAI:
                         {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}]}
                 else:
                     payload = {"error": {"message": "boom"}}
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, payload, status)
 
             def log_message(self, *args):
                 pass
