@@ -95,6 +95,7 @@ class Mutant:
     suite: str
     what: str
     needs: tuple[str, ...] = field(default=())   # /proc/cpuinfo flags the mutated code runs only with
+    equivalent: str = ""  # why no test can kill it (it changes no behaviour): a survival is then "equivalent"
 
 
 T = "work/llama.cpp/"
@@ -221,7 +222,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("vk-get-rows-row1", SH + "s3d8_get_rows.comp", "d == 1u ? lut[64u + ((byte >> 1) & 63u)]",
            "d == 1u ? lut[64u + (byte & 63u)]", "vulkan", "Vulkan GET_ROWS reads row 1's index one bit off"),
     Mutant("vk-act-clamp", SH + "s3d8_quantize.comp", "v = v < -127.0 ? -127.0 : v;", "v = v < -128.0 ? -128.0 : v;",
-           "vulkan", "the Vulkan activation quantiser clamps at -128"),
+           "vulkan", "the Vulkan activation quantiser clamps at -128",
+           equivalent="the shader returns +-127 for infinities before the clamp, and a finite x * inv is at most "
+                      "127 * (1 + 2^-8) in magnitude (s is amax/127 rounded to bf16), which rounds to 127: the clamp "
+                      "never acts (on the CPU, where infinities reach it, cpu-act-clamp-128 is killed)"),
     Mutant("vk-div127-rounding", SH + "s3d8_funcs.glsl", "return s3d8_round_f32(num / 127u, num % 127u, 127u, int(max(eb, 1u)) - 157);",
            "return s3d8_round_f32(num / 127u, 0u, 127u, int(max(eb, 1u)) - 157);", "vulkan",
            "a / 127 truncated instead of rounded to nearest even"),
@@ -300,7 +304,7 @@ def check(m: Mutant, log: Path) -> tuple[str, float]:
         rc = run(suite.command, suite.timeout, log)
     finally:
         apply(m, False)
-    result = "timed out" if rc is None else "survived" if rc == 0 else "killed"
+    result = "timed out" if rc is None else ("equivalent" if m.equivalent else "survived") if rc == 0 else "killed"
     return result, time.monotonic() - t0
 
 
@@ -311,26 +315,38 @@ def draw(seed: int, n: int) -> list[Mutant]:
 def table(results: list[dict]) -> str:
     lines = ["| fault | where | tests | result | s |", "|---|---|---|---|---:|"]
     for r in results:
-        lines.append(f"| `{r['id']}`: {r['what']} | `{r['path'].removeprefix(T)}` | {r['suite']} | **{r['result']}** | "
-                     f"{r['seconds']:.0f} |")
+        why = f" ({r['equivalent']})" if r.get("equivalent") else ""
+        lines.append(f"| `{r['id']}`: {r['what']}{why} | `{r['path'].removeprefix(T)}` | {r['suite']} | "
+                     f"**{r['result']}** | {r['seconds']:.0f} |")
     return "\n".join(lines)
 
 
-def write_report(results: list[dict], machine: str) -> None:
+REPORT = REPO / "docs" / "data" / "mutants.json"
+
+
+def write_report(results: list[dict], machine: str, merge: bool = False) -> None:
+    """docs/data/mutants.json and the table in docs/reliability.md; ``merge``: these results replace the same
+    mutants' in the last report (a rerun of some), the others are kept as they were."""
     from gguf_s3d8.fsio import atomic_write  # noqa: PLC0415 (the codec is importable from the repo root)
 
-    counts = {k: sum(r["result"] == k for r in results) for k in ("killed", "survived", "timed out", "not applicable")}
-    applicable = len(results) - counts["not applicable"]
+    if merge and REPORT.exists():
+        new = {r["id"]: r for r in results}
+        old = {r["id"]: r for r in json.loads(REPORT.read_text())["results"]}
+        results = [new.get(m.id) or old[m.id] for m in MUTANTS if m.id in new or m.id in old]
+    kinds = ("killed", "survived", "timed out", "equivalent", "not applicable")
+    counts = {k: sum(r["result"] == k for r in results) for k in kinds}
+    applicable = len(results) - counts["not applicable"] - counts["equivalent"]
     score = counts["killed"] / applicable if applicable else 0.0
     date = time.strftime("%Y-%m-%d %H:%M")
     data = {"machine": machine, "date": date, "counts": counts, "score": score, "results": results}
-    atomic_write(REPO / "docs" / "data" / "mutants.json", (json.dumps(data, indent=1) + "\n").encode())
+    atomic_write(REPORT, (json.dumps(data, indent=1) + "\n").encode())
     doc = REPO / "docs" / "reliability.md"
     text = doc.read_text()
     begin, end = "<!-- mutants:begin -->", "<!-- mutants:end -->"
     if begin in text and end in text:
         body = (f"{begin}\n{machine}, {date}: **{counts['killed']} of {applicable} killed "
                 f"({100 * score:.0f} %)**, {counts['survived']} survived, {counts['timed out']} timed out, "
+                f"{counts['equivalent']} equivalent (no test can kill it: the reason is in the list), "
                 f"{counts['not applicable']} not applicable here.\n\n{table(results)}\n{end}")
         text = text[:text.index(begin)] + body + text[text.index(end) + len(end):]
         atomic_write(doc, text.encode())
@@ -381,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             touched.add(m.suite)
             print(f"{result} ({secs:.0f} s)", flush=True)
             results.append({"id": m.id, "path": m.path, "suite": m.suite, "what": m.what, "result": result,
-                            "seconds": round(secs, 1)})
+                            "seconds": round(secs, 1), **({"equivalent": m.equivalent} if m.equivalent else {})})
     finally:
         # the binaries as the code is (every mutated line is restored; the rebuilds are ccache hits)
         for s in sorted(touched):
@@ -390,10 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         write_junit(args.junitxml, results, stale)
     survivors = [r["id"] for r in results if r["result"] == "survived"]
     killed = sum(r["result"] == "killed" for r in results)
-    applicable = sum(r["result"] != "not applicable" for r in results)
+    applicable = sum(r["result"] not in ("not applicable", "equivalent") for r in results)
     print(f"[mutants] {killed} of {applicable} killed; survived: {survivors or 'none'}; stale: {stale or 'none'}")
-    if not args.no_report and not args.sample and not args.only and not args.suite:
-        write_report(results, os.environ.get("S3D8_MACHINE", cpu_model()))
+    if not args.no_report and not args.sample:
+        write_report(results, os.environ.get("S3D8_MACHINE", cpu_model()), merge=bool(args.only or args.suite))
     return 1 if survivors or stale else 0
 
 

@@ -315,6 +315,42 @@ static double rel_mse(const std::vector<float> & x, const std::vector<float> & r
     return e/s;
 }
 
+// TQ3_0 (no zero point, 8 fixed levels times the block's scale d): every value takes the level nearest to it, up to
+// the rounding of d to fp16 after the levels were chosen (|x/d - x*id| <= 127 * 2^-11 < 0.07 levels' units). The
+// levels are read back by dequantizing crafted blocks with d = 1, so this check does not use the quantizer's table.
+static void check_tq3_nearest(const std::vector<float> & x, const std::vector<uint8_t> & q) {
+    const size_t bs = ggml_type_size(GGML_TYPE_TQ3_0);
+    float levels[8];
+    for (int l = 0; l < 8; ++l) {
+        std::vector<uint8_t> b(bs, 0);
+        const ggml_fp16_t one = ggml_fp32_to_fp16(1.0f);
+        memcpy(b.data(), &one, sizeof(one));
+        b[2] = (uint8_t) (l & 3);                 // value 0: low bits in qs[0] bits 0..1
+        b[2 + QK_TQ3_0/4] = (uint8_t) (l >> 2);   // its high bit in hb[0] bit 0
+        levels[l] = dequant(GGML_TYPE_TQ3_0, b, QK_TQ3_0)[0];
+    }
+    const std::vector<float> y = dequant(GGML_TYPE_TQ3_0, q, (int64_t) x.size());
+    int64_t bad = 0, first = -1;
+    for (size_t i = 0; i < x.size(); ++i) {
+        ggml_fp16_t dh;
+        memcpy(&dh, q.data() + (i/QK_TQ3_0)*bs, sizeof(dh));
+        const float d = ggml_fp16_to_fp32(dh);
+        if (d == 0.0f) {
+            continue;
+        }
+        double best = INFINITY;
+        for (float l : levels) {
+            best = std::min(best, std::fabs((double) x[i] - (double) d*l));
+        }
+        if (std::fabs((double) x[i] - y[i]) > best + 0.07*d) {
+            bad++;
+            first = first < 0 ? (int64_t) i : first;
+        }
+    }
+    S3D8T_CHECK(bad == 0, "tq3_0: %lld of %zu values not at their nearest level (first: x[%lld])", (long long) bad,
+                x.size(), (long long) first);
+}
+
 static void test_quantizers(std::mt19937 & rng) {
     const int64_t n = 128*1024;
     std::normal_distribution<float> g(0.0f, 1.0f);
@@ -353,6 +389,10 @@ static void test_quantizers(std::mt19937 & rng) {
             S3D8T_CHECK(e < 0.0104, "q4_hqq_128 error %.5f", e);
         } else {
             S3D8T_CHECK(e < 0.0290, "tq3_0 error %.5f", e);
+        }
+
+        if (t == GGML_TYPE_TQ3_0) {
+            check_tq3_nearest(x, q);
         }
 
         // degenerate blocks: zeros and a constant dequantize exactly
