@@ -248,14 +248,17 @@ MUTANTS: tuple[Mutant, ...] = (
 )
 
 
-def cpu_flags() -> set[str]:
+def cpuinfo(key: str) -> str:
+    """The value of the first /proc/cpuinfo line of ``key`` ('flags', 'model name'), or ''."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return set()
+        return ""
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.split(":", 1)[0].strip() == key), "")
+
+
+def cpu_flags() -> set[str]:
+    return set(cpuinfo("flags").split())
 
 
 class Stale(RuntimeError):
@@ -428,13 +431,7 @@ def write_junit(path: Path, results: list[dict], stale: list[str]) -> None:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return "unknown machine"
+    return f"{cpuinfo('model name') or 'unknown CPU'}, {os.cpu_count()} cores"
 
 
 if __name__ == "__main__":
