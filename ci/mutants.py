@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TREE = REPO / "work" / "llama.cpp"
 PY = str(REPO / ".venv" / "bin" / "python")
 
 
@@ -276,12 +275,11 @@ def apply(m: Mutant, forward: bool) -> None:
 
 
 def run(cmd: tuple[str, ...] | list[str], timeout: int, log: Path) -> int | None:
-    env = {**os.environ}
     with open(log, "ab") as f:
         f.write(f"\n$ {' '.join(cmd)}\n".encode())
         f.flush()
         try:
-            return subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env).returncode
+            return subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             return None
 
@@ -327,6 +325,14 @@ def table(results: list[dict]) -> str:
 REPORT = REPO / "docs" / "data" / "mutants.json"
 
 
+def tally(results: list[dict]) -> tuple[dict[str, int], int]:
+    """The count of each result, and of the mutants that count for the score (all but the equivalent ones and those
+    not applicable on this machine)."""
+    counts = {k: sum(r["result"] == k for r in results)
+              for k in ("killed", "survived", "timed out", "equivalent", "not applicable")}
+    return counts, len(results) - counts["not applicable"] - counts["equivalent"]
+
+
 def write_report(results: list[dict], machine: str, merge: bool = False) -> None:
     """docs/data/mutants.json and the table in docs/reliability.md; ``merge``: these results replace the same
     mutants' in the last report (a rerun of some), the others are kept as they were."""
@@ -336,9 +342,7 @@ def write_report(results: list[dict], machine: str, merge: bool = False) -> None
         new = {r["id"]: r for r in results}
         old = {r["id"]: r for r in json.loads(REPORT.read_text())["results"]}
         results = [new.get(m.id) or old[m.id] for m in MUTANTS if m.id in new or m.id in old]
-    kinds = ("killed", "survived", "timed out", "equivalent", "not applicable")
-    counts = {k: sum(r["result"] == k for r in results) for k in kinds}
-    applicable = len(results) - counts["not applicable"] - counts["equivalent"]
+    counts, applicable = tally(results)
     score = counts["killed"] / applicable if applicable else 0.0
     date = time.strftime("%Y-%m-%d %H:%M")
     data = {"machine": machine, "date": date, "counts": counts, "score": score, "results": results}
@@ -391,13 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i, m in enumerate(chosen, 1):
             print(f"[mutants] {i}/{len(chosen)} {m.id} ({m.suite}) ...", end=" ", flush=True)
+            touched.add(m.suite)  # rebuilt at the end, also when the mutant did not build
             try:
                 result, secs = check(m, args.log)
             except Stale as e:
                 stale.append(str(e))
                 print("STALE", flush=True)
                 continue
-            touched.add(m.suite)
             print(f"{result} ({secs:.0f} s)", flush=True)
             results.append({"id": m.id, "path": m.path, "suite": m.suite, "what": m.what, "result": result,
                             "seconds": round(secs, 1), **({"equivalent": m.equivalent} if m.equivalent else {})})
@@ -408,9 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.junitxml:
         write_junit(args.junitxml, results, stale)
     survivors = [r["id"] for r in results if r["result"] == "survived"]
-    killed = sum(r["result"] == "killed" for r in results)
-    applicable = sum(r["result"] not in ("not applicable", "equivalent") for r in results)
-    print(f"[mutants] {killed} of {applicable} killed; survived: {survivors or 'none'}; stale: {stale or 'none'}")
+    counts, applicable = tally(results)
+    print(f"[mutants] {counts['killed']} of {applicable} killed; survived: {survivors or 'none'}; stale: {stale or 'none'}")
     if not args.no_report and not args.sample:
         write_report(results, os.environ.get("S3D8_MACHINE", cpu_model()), merge=bool(args.only or args.suite))
     return 1 if survivors or stale else 0
