@@ -58,11 +58,11 @@ def assert_decisive_chain(decisions: list[tuple[np.ndarray, np.ndarray]], tol: f
     array whose max |.| scales the tolerance, e.g. the prompt logits for the first token and the decode-step
     logits for the others. Then an implementation within ``tol`` of the reference at every step generates the
     reference's tokens, and comparing the tokens (and the step logits, computed on those tokens) is sound."""
-    for i, (row, arr) in enumerate(decisions):
-        m, bound = float(margins(row)), tie_bound(arr, tol)
-        assert m > bound, (f"{what}: greedy decision {i} is a near tie (margin {m:.3g} <= bound {bound:.3g} = "
-                           f"2 * {tol:.3g} * max|logits|): the generated tokens would depend on rounding - the test "
-                           f"input must change")
+    ms, bounds = chain_margins(decisions, tol)
+    i = decisive_count(ms, bounds)
+    assert i == len(ms), (f"{what}: greedy decision {i} is a near tie (margin {ms[i]:.3g} <= bound {bounds[i]:.3g} = "
+                          f"2 * {tol:.3g} * max|logits|): the generated tokens would depend on rounding - the test "
+                          f"input must change")
 
 
 def chain_margins(decisions: list[tuple[np.ndarray, np.ndarray]], tol: float) -> tuple[list[float], list[float]]:
