@@ -99,12 +99,6 @@ inline void accept() { outcome().state = outcome_t::ACCEPTED; }
 inline void reject() { outcome().state = outcome_t::REJECTED; }
 
 inline void record_message(const char * text) {
-    {
-        const std::string m = normalize_message(text);
-        if (!m.empty()) {
-            outcome().messages.push_back(m);
-        }
-    }
     static std::mutex mutex;
     static std::set<std::string> seen;
     static FILE * out = [] {
@@ -116,6 +110,7 @@ inline void record_message(const char * text) {
         return;
     }
     std::lock_guard<std::mutex> lock(mutex);
+    outcome().messages.push_back(msg);
     if (seen.insert(msg).second) {
         if (out) {
             fprintf(out, "%s\n", msg.c_str());
