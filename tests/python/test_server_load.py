@@ -252,7 +252,7 @@ def cancel_mid_prompt(srv: llama_server.Server, body: dict) -> dict:
         res = conn.getresponse()
         assert res.status == 200, res.read()[:300]
         seen = []
-        while line := res.fp.readline():
+        while line := res.readline():
             if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
                 continue
             progress = json.loads(line[len(b"data: "):]).get("prompt_progress")
