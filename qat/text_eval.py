@@ -148,7 +148,7 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def _next_token_terms(logits: torch.Tensor, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def next_token_terms(logits: torch.Tensor, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """log-softmax of the scoring positions (ctx-1, V) and the NLL of the true next tokens (ctx-1,)."""
     logp = torch.log_softmax(logits[:-1].float(), dim=-1)
     nll = -logp.gather(-1, window[1:, None]).squeeze(-1)
@@ -200,7 +200,7 @@ class TeacherCache:
                 mm: np.memmap | None = None
                 for i in _progress(range(n), progress, "teacher"):
                     logits = model_logits(teacher, windows[i:i + 1])[0]
-                    logp, nll_i = _next_token_terms(logits, windows[i])
+                    logp, nll_i = next_token_terms(logits, windows[i])
                     if mm is None:
                         vocab = logp.shape[-1]
                         mm = np.memmap(tmp_logp, dtype=np.float16, mode="w+", shape=(n, ctx - 1, vocab))
@@ -247,12 +247,12 @@ def evaluate(student: Callable[..., Any], teacher: torch.nn.Module | TeacherCach
     with _eval_mode(student, teacher):
         for i in _progress(range(windows.shape[0]), progress, "eval"):
             w = windows[i]
-            logp_s, nll_s = _next_token_terms(model_logits(student, w[None])[0], w)
+            logp_s, nll_s = next_token_terms(model_logits(student, w[None])[0], w)
             if isinstance(teacher, TeacherCache):
                 logp_t = teacher.window_logp(i)
                 nll_t = torch.from_numpy(teacher.nll[i])
             else:
-                logp_t, nll_t = _next_token_terms(model_logits(teacher, w[None])[0], w)
+                logp_t, nll_t = next_token_terms(model_logits(teacher, w[None])[0], w)
             kl = (logp_t.exp() * (logp_t - logp_s)).sum(-1).double()
             kl_sum += float(kl.sum())
             kl_sq += float(kl.square().sum())
@@ -271,7 +271,7 @@ def perplexity(model: Callable[..., Any], windows: torch.Tensor) -> float:
     total, count = 0.0, 0
     with _eval_mode(model):
         for w in windows:
-            _, nll = _next_token_terms(model_logits(model, w[None])[0], w)
+            _, nll = next_token_terms(model_logits(model, w[None])[0], w)
             total += float(nll.double().sum())
             count += nll.numel()
     return math.exp(total / count)

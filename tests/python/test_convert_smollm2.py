@@ -148,6 +148,8 @@ def transformers_perplexity(hf_dir: Path, model: Path, text: Path, n_ctx: int = 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from qat.text_eval import model_logits, next_token_terms
+
     r = subprocess.run([str(bin_dir() / "llama-tokenize"), "-m", str(model), "-f", str(text), "--ids", "--log-disable"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -163,17 +165,17 @@ def transformers_perplexity(hf_dir: Path, model: Path, text: Path, n_ctx: int = 
         assert len(chunk) == n_ctx, "the text is too short for the chunks"
         if bos is not None:
             chunk[0] = bos
-        with torch.no_grad():
-            logits = hf(torch.tensor([chunk])).logits[0].double()
-        logp = torch.log_softmax(logits[first:n_ctx - 1], -1)
-        nll -= float(logp.gather(1, torch.tensor(chunk[first + 1:]).unsqueeze(1)).sum())
-        count += n_ctx - 1 - first
+        window = torch.tensor(chunk)
+        # positions first .. n_ctx-2 predict tokens first+1 .. n_ctx-1 (qat.text_eval's rule for the NLL)
+        _, nll_i = next_token_terms(model_logits(hf, window[None])[0][first:], window[first:])
+        nll += float(nll_i.double().sum())
+        count += nll_i.numel()
     return math.exp(nll / count)
 
 
 # f16 weights against transformers' fp32: the perplexities differ by the f16 rounding of the weights and the kernels'
-# summation order (measured: 16.2668 against 16.2706, -0.02 %); a conversion that breaks a tensor (a q/k permutation, a norm, the tied
-# output) moves it by far more than PPL_REL_TOL
+# summation order (measured: 16.2668 against 16.2704, -0.02 %); a conversion that breaks a tensor (a q/k permutation,
+# a norm, the tied output) moves it by far more than PPL_REL_TOL
 PPL_REL_TOL = 0.01
 
 
