@@ -83,24 +83,12 @@ def write_model(path: Path, w_down: np.ndarray, n_embd: int, n_ff: int) -> None:
 
 
 def write_xtx(path: Path, name: str, xtx: np.ndarray, tokens: int) -> None:
-    """An X^T X file with one matrix (docs/hessian-format.md), fingerprint unknown."""
-    import gguf_s3d8  # noqa: F401
-    import gguf
+    """An X^T X file with one matrix (docs/hessian-format.md, ``gguf_s3d8.xtx``), fingerprint unknown."""
+    from gguf_s3d8 import xtx as xtx_file
 
-    w = gguf.GGUFWriter(path, "xtx")
-    w.add_string("general.type", "xtx")
-    w.add_uint32("xtx.version", 1)
-    arr, s = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType
-    w.add_key_value("xtx.matrices", [name + ".xtx"], arr, sub_type=s.STRING)
-    w.add_key_value("xtx.tokens", [tokens], arr, sub_type=s.UINT64)
-    w.add_key_value("xtx.weights", [name], arr, sub_type=s.STRING)
-    w.add_key_value("xtx.weight_matrix", [0], arr, sub_type=s.UINT32)
-    w.add_key_value("xtx.weight_fingerprints", [""], arr, sub_type=s.STRING)
-    w.add_tensor(name + ".xtx", np.ascontiguousarray(xtx, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    m = name + ".xtx"
+    xtx_file.write_xtx(path, xtx_file.XtxFile(matrices={m: xtx_file.pack_lower(xtx)}, dims={m: xtx.shape[0]},
+                                              tokens={m: tokens}, weights={name: (m, "")}))
 
 
 def synthetic(args: argparse.Namespace) -> None:

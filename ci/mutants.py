@@ -210,8 +210,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("imatrix-xtx-columns", T + "tools/imatrix/imatrix.cpp", "m_xt[(size_t) j*rows + r] = x[j];",
            "m_xt[(size_t) j*rows + r] = x[k - 1 - j];", "gptq", "X^T X collected with the input columns reversed"),
     Mutant("imatrix-xtx-triangle", T + "tools/imatrix/imatrix.cpp",
-           "row[b] = (float) (b <= a ? s[a*k + b] : s[b*k + a]);", "row[b] = (float) s[a*k + b];", "gptq",
-           "X^T X written from one triangle of its accumulator only"),
+           "row[b] = (float) srow[b];", "row[b] = (float) srow[a - b];", "gptq",
+           "X^T X written with each packed row of its lower triangle reversed"),
+    Mutant("quantize-xtx-mirror", T + "src/llama-quant.cpp",
+           "h[(size_t) a*e.k + b] = h[(size_t) b*e.k + a];", "h[(size_t) a*e.k + b] = 0.0f;", "gptq",
+           "llama-quantize unpacks X^T X without its upper triangle"),
     # --- the Vulkan shaders ---------------------------------------------------------------------------------------
     Mutant("vk-epilogue-order", SH + "s3d8_mul_mat.comp", "y = y*s3d8_alpha(base, row);",
            "y = float(red[i][0])*(s*s3d8_alpha(base, row));", "vulkan",

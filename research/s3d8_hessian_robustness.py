@@ -84,7 +84,8 @@ def inputs(variant: str, work: Path, bin_dir: Path) -> tuple[Path, Path]:
     if variant == "pert":
         return pim, xtx
     pxtx = work / "xtx-pert.gguf"
-    perturb_file(xtx, pxtx, ".xtx", PERTURBATION_SEED + 1, symmetric=True)
+    # the X^T X file (format 2) stores each matrix's lower triangle once: a sign per stored entry keeps it symmetric
+    perturb_file(xtx, pxtx, ".xtx", PERTURBATION_SEED + 1, symmetric=False)
     return pim, pxtx
 
 

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from fixtures import assets
 from convert.to_gguf import main as convert_main
+from gguf_s3d8 import xtx as xtx_file
 from gguf_s3d8 import series_gguf  # the patch series' gguf-py, which defines S3D8
 from gguf_s3d8.fsio import atomic_path
 from qat import llama_perplexity
@@ -234,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
         train_txt.write_text(assets.wiki_text("train"), encoding="utf-8")
         eval_txt.write_text(assets.wiki_text("eval"), encoding="utf-8")
     imatrix, xtx_last = work / "imatrix.gguf", work / "xtx-last-layer.gguf"
+    if xtx_last.exists():
+        try:
+            xtx_file.read_xtx(xtx_last)
+        except xtx_file.XtxFormatError as e:  # a cache from an older build (format version 1): made again
+            log(f"{e}: collecting it again")
+            xtx_last.unlink()
     if not imatrix.exists() or not xtx_last.exists():
         # one pass gives both; a cache from before the X^T X file only adds it (the imatrix it writes is discarded)
         out = imatrix if not imatrix.exists() else work / "imatrix-xtx-pass.tmp.gguf"

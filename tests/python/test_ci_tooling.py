@@ -576,10 +576,11 @@ def test_the_prs_partition_the_series() -> None:
     guard = "\n".join(ln for ln in vulkan[0].read_text().splitlines() if ln.startswith("+"))
     assert "S3D8" not in guard and "s3d8" not in guard
     s3d8 = [patches.name(p) for p in plan[1][1][len(plan[0][1]):]]
-    assert s3d8[0].startswith("s3d8/01-ggml-add-GGML_TYPE_S3D8") and s3d8[-3:] == [
+    assert s3d8[0].startswith("s3d8/01-ggml-add-GGML_TYPE_S3D8") and s3d8[-4:] == [
         "s3d8/09-ggml-S3D8-GPTQ-with-given-Hessian.patch",
         "s3d8/10-imatrix-save-xtx-saves-each-weight-input-X-T-X.patch",
-        "s3d8/11-llama-quantize-hessian-runs-GPTQ-for-S3D8-tensors.patch"]
+        "s3d8/11-llama-quantize-hessian-runs-GPTQ-for-S3D8-tensors.patch",
+        "s3d8/12-llama-quantize-S3D8-file-type-gives-last-block.patch"]
     assert plan[1][0].checks == (("./test-backend-ops", "test", "-b", "CPU", "-p", "s3d8"),)
     for i in (-2, -3):
         assert len(plan[i][1]) - len(plan[i - 1][1]) == 1

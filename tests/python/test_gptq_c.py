@@ -16,6 +16,7 @@ the reason) when they lack ``--save-xtx`` / ``--hessian``.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 import gguf
 
 import gguf_s3d8
+from gguf_s3d8 import xtx as xtx_file
 from gguf_s3d8.imatrix import read_imatrix
 from qat.gptq_s3d8 import gptq_s3d8_matrix
 
@@ -81,7 +83,7 @@ def smollm2(tools: dict[str, str], smollm2_f16_and_text: tuple[Path, Path],
              "-o", str(im), "--save-xtx", str(xtx), "--xtx-include", r"^blk\.(0|11)\.",
              "--xtx-last-layer"])
     assert "X^T X matrices" in r.stdout + r.stderr and "--xtx-last-layer" in r.stdout + r.stderr
-    return {"dir": d, "f16": f16, "imatrix": im, "xtx": xtx}
+    return {"dir": d, "f16": f16, "imatrix": im, "xtx": xtx, "text": text}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -89,16 +91,10 @@ def smollm2(tools: dict[str, str], smollm2_f16_and_text: tuple[Path, Path],
 
 
 def read_xtx(path: Path) -> dict[str, Any]:
-    """weights -> (matrix name, N, fingerprint), matrices -> float32 (k, k)."""
-    r = gguf.GGUFReader(path)
-    f = r.fields
-    assert f["general.type"].contents() == "xtx" and f["xtx.version"].contents() == 1
-    mats, tokens = f["xtx.matrices"].contents(), f["xtx.tokens"].contents()
-    weights, wm = f["xtx.weights"].contents(), f["xtx.weight_matrix"].contents()
-    fps = f["xtx.weight_fingerprints"].contents()
-    data = {t.name: np.array(t.data, dtype=np.float32).reshape(int(t.shape[1]), int(t.shape[0])) for t in r.tensors}
-    return {"weights": {w: (mats[i], int(tokens[i]), fp) for w, i, fp in zip(weights, wm, fps)},
-            "matrices": {m: data[m] for m in mats}, "tokens": dict(zip(mats, (int(t) for t in tokens)))}
+    """weights -> (matrix name, N, fingerprint), matrices -> float32 (k, k) (read by ``gguf_s3d8.xtx``)."""
+    xf = xtx_file.read_xtx(path)
+    return {"weights": {w: (m, xf.tokens[m], fp) for w, (m, fp) in xf.weights.items()},
+            "matrices": {m: xtx_file.unpack(a, xf.dims[m]) for m, a in xf.matrices.items()}, "tokens": dict(xf.tokens)}
 
 
 def hessian(xtx: dict[str, Any], weight: str) -> torch.Tensor:
@@ -245,21 +241,28 @@ def test_gptq_lowers_the_layer_output_error(tools: dict[str, str], smollm2: dict
 # bad input
 
 
-def write_xtx(path: Path, mats: dict[str, np.ndarray], weights: dict[str, tuple[str, str]], tokens: int = TOKENS,
-              general_type: str = "xtx") -> None:
-    """An X^T X file (docs/hessian-format.md): ``weights`` maps a weight to (its matrix, its fingerprint)."""
+def write_xtx(path: Path, mats: dict[str, np.ndarray], weights: dict[str, tuple[str, str]],
+              tokens: int = TOKENS) -> None:
+    """An X^T X file (docs/hessian-format.md, written by ``gguf_s3d8.xtx``): ``mats`` maps a matrix name to its
+    square (only its lower triangle is stored), ``weights`` a weight to (its matrix, its fingerprint)."""
+    xtx_file.write_xtx(path, xtx_file.XtxFile(
+        matrices={m: xtx_file.pack_lower(a) for m, a in mats.items()}, dims={m: a.shape[0] for m, a in mats.items()},
+        tokens={m: tokens for m in mats}, weights=dict(weights), datasets=["test"]))
+
+
+def write_xtx_v1(path: Path, mats: dict[str, np.ndarray], weights: dict[str, tuple[str, str]]) -> None:
+    """The same content in format version 1 (full squares, no xtx.dims), which llama-quantize must refuse."""
     w = gguf.GGUFWriter(path, arch="xtx")
-    w.add_string("general.type", general_type)
+    w.add_string("general.type", "xtx")
     w.add_uint32("xtx.version", 1)
     w.add_array("xtx.datasets", ["test"])
     names = list(mats)
-    w.add_key_value("xtx.matrices", names, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)
-    w.add_key_value("xtx.tokens", [tokens] * len(names), gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT64)
-    w.add_key_value("xtx.weights", list(weights), gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)
-    w.add_key_value("xtx.weight_matrix", [names.index(m) for m, _ in weights.values()], gguf.GGUFValueType.ARRAY,
-                    sub_type=gguf.GGUFValueType.UINT32)
-    w.add_key_value("xtx.weight_fingerprints", [fp for _, fp in weights.values()], gguf.GGUFValueType.ARRAY,
-                    sub_type=gguf.GGUFValueType.STRING)
+    arr, vt = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType
+    w.add_key_value("xtx.matrices", names, arr, sub_type=vt.STRING)
+    w.add_key_value("xtx.tokens", [TOKENS] * len(names), arr, sub_type=vt.UINT64)
+    w.add_key_value("xtx.weights", list(weights), arr, sub_type=vt.STRING)
+    w.add_key_value("xtx.weight_matrix", [names.index(m) for m, _ in weights.values()], arr, sub_type=vt.UINT32)
+    w.add_key_value("xtx.weight_fingerprints", [fp for _, fp in weights.values()], arr, sub_type=vt.STRING)
     for name, m in mats.items():
         w.add_tensor(name, np.ascontiguousarray(m, dtype=np.float32))
     w.write_header_to_file()
@@ -285,8 +288,6 @@ def _bad(smollm2: dict[str, Path], case: str) -> tuple[dict[str, np.ndarray], di
         a[9, 9] = -1.0
     elif case == "not-psd":
         a[2, 3] = a[3, 2] = 3.0 * np.sqrt(a[2, 2] * a[3, 3])
-    elif case == "asymmetric":
-        a[4, 6] += 0.5 * np.sqrt(a[4, 4] * a[6, 6])
     elif case == "other-model":
         fp = fp[:-1] + ("0" if fp[-1] != "0" else "1")
     elif case == "other-names":
@@ -300,7 +301,6 @@ def _bad(smollm2: dict[str, Path], case: str) -> tuple[dict[str, np.ndarray], di
     ("inf-diagonal", "not finite"),
     ("negative-diagonal", "not positive semi-definite"),
     ("not-psd", "not positive semi-definite"),
-    ("asymmetric", "not symmetric"),
     ("other-model", "computed on other weights"),
     ("other-names", "none of its 1 weights is a tensor of this model"),
 ])
@@ -369,3 +369,128 @@ def test_damping_is_raised_and_logged(tools: dict[str, str], smollm2: dict[str, 
     _, d_py, failures = inverse_hessian_factor(h)
     assert failures > 0 and abs(d_py - damp) < 0.005
     assert out.exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# a model too large for one pass: --xtx-layers, several --hessian files; the format version; a full disk
+
+
+def imatrix_pass(tools: dict[str, str], smollm2: dict[str, Path], out: Path, *opts: str,
+                 ok: bool = True) -> subprocess.CompletedProcess[str]:
+    """llama-imatrix with the fixture's text and settings, its X^T X into ``out``."""
+    return run([tools["llama-imatrix"], "-m", str(smollm2["f16"]), "-f", str(smollm2["text"]), "-c", "256",
+                "--chunks", "8", "-t", "2", "-o", str(out.with_suffix(".imatrix.gguf")), "--save-xtx", str(out),
+                *opts], ok=ok)
+
+
+@pytest.fixture(scope="module")
+def two_passes(tools: dict[str, str], smollm2: dict[str, Path]) -> tuple[Path, Path]:
+    """The fixture's blocks (0, 11 and the last, 29) collected in two passes: ``--xtx-layers 0-0`` and
+    ``--xtx-layers 11-11 --xtx-last-layer``."""
+    a, b = smollm2["dir"] / "pass-a.gguf", smollm2["dir"] / "pass-b.gguf"
+    imatrix_pass(tools, smollm2, a, "--xtx-layers", "0-0")
+    imatrix_pass(tools, smollm2, b, "--xtx-layers", "11-11", "--xtx-last-layer")
+    return a, b
+
+
+def test_layer_passes_hold_the_one_pass_matrices(smollm2: dict[str, Path], two_passes: tuple[Path, Path]) -> None:
+    """Each pass holds exactly its blocks' weights, and each matrix equals the one-pass file's bit for bit (the
+    same forward pass and the same products: collecting fewer matrices changes none of them)."""
+    one = xtx_file.read_xtx(smollm2["xtx"])
+    a, b = (xtx_file.read_xtx(p) for p in two_passes)
+    assert {w.split(".")[1] for w in a.weights} == {"0"} and {w.split(".")[1] for w in b.weights} == {"11", "29"}
+    assert set(a.weights) | set(b.weights) == set(one.weights) and not set(a.weights) & set(b.weights)
+    for part in (a, b):
+        for w, (m, fp) in part.weights.items():
+            m1, fp1 = one.weights[w]
+            assert fp == fp1 and part.tokens[m] == one.tokens[m1] == TOKENS
+            assert np.array_equal(part.matrices[m], one.matrices[m1]), w
+
+
+def test_several_hessian_files_give_the_one_file_result(tools: dict[str, str], smollm2: dict[str, Path],
+                                                        two_passes: tuple[Path, Path], tmp_path: Path) -> None:
+    """llama-quantize --hessian A --hessian B writes the same bytes as --hessian with the one-pass file; a weight
+    in two of the files is an error naming both."""
+    layers = (0, 11, 29)
+    one, two = tmp_path / "one.gguf", tmp_path / "two.gguf"
+    quantize(tools, smollm2, one, hessian=smollm2["xtx"], layers=layers)
+    a, b = two_passes
+    cmd = [tools["llama-quantize"], "--imatrix", str(smollm2["imatrix"]), "--hessian", str(a), "--hessian", str(b),
+           *[x for i in layers for x in ("--tensor-type", f"^blk[.]{i}[.]ffn_down[.]weight$=s3d8")],
+           str(smollm2["f16"]), str(two), "Q8_0", "2"]
+    r = run(cmd)
+    assert "GPTQ (--hessian) quantized 3 tensor(s)" in r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
+    assert containers(one, [f"blk.{i}.ffn_down.weight" for i in layers]).keys() == {
+        f"blk.{i}.ffn_down.weight" for i in layers}
+    for name, c in containers(one, [f"blk.{i}.ffn_down.weight" for i in layers]).items():
+        assert np.array_equal(c, containers(two, [name])[name]), name
+    dup = tmp_path / "dup.gguf"
+    cmd[cmd.index(str(b))] = str(smollm2["xtx"])
+    cmd[-3] = str(dup)
+    r = run(cmd, ok=False)
+    log = r.stdout + r.stderr
+    assert r.returncode != 0 and "has an X^T X in both" in log and str(a) in log, log[-2000:]
+    assert not dup.exists()
+
+
+def test_old_format_version_is_refused(tools: dict[str, str], smollm2: dict[str, Path], tmp_path: Path) -> None:
+    """A version-1 file (full squares) is refused by llama-quantize and by gguf_s3d8.xtx, both naming the version."""
+    xtx = read_xtx(smollm2["xtx"])
+    m, _, fp = xtx["weights"][NAME]
+    old = tmp_path / "v1.gguf"
+    write_xtx_v1(old, {m: xtx["matrices"][m]}, {NAME: (m, fp)})
+    out = tmp_path / "q.gguf"
+    r = quantize(tools, smollm2, out, hessian=old, layers=(0,), ok=False)
+    log = r.stdout + r.stderr
+    assert r.returncode != 0 and "X^T X format version 1" in log and str(old) in log, log[-2000:]
+    assert not out.exists()
+    with pytest.raises(xtx_file.XtxFormatError, match="format version 1"):
+        xtx_file.read_xtx(old)
+
+
+def test_a_full_disk_leaves_no_xtx_file(tools: dict[str, str], smollm2: dict[str, Path], tmp_path: Path) -> None:
+    """A write that fails half-way (a file size limit of 8 MiB, as a full disk would: write() fails with EFBIG
+    once SIGXFSZ is ignored) is an error naming the file, and neither the file nor its .tmp is left."""
+    out = tmp_path / "xtx.gguf"
+    cmd = [tools["llama-imatrix"], "-m", str(smollm2["f16"]), "-f", str(smollm2["text"]), "-c", "256",
+           "--chunks", "1", "-t", "2", "-o", str(tmp_path / "im.gguf"), "--save-xtx", str(out),
+           "--xtx-include", "ffn_down"]  # 30 matrices of 1536 x 1536: 135 MiB
+    script = "trap '' XFSZ; ulimit -f 8192; exec " + " ".join(f"'{c}'" for c in cmd)
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    log = r.stdout + r.stderr
+    assert r.returncode != 0, log[-2000:]
+    assert f"failed to write {out}" in log and "File too large" in log, log[-2000:]
+    assert not out.exists() and not Path(str(out) + ".tmp").exists()
+
+
+@pytest.mark.parametrize("value", ["3", "5-2", "-1-4", "2-x"])
+def test_bad_xtx_layers_is_refused(tools: dict[str, str], smollm2: dict[str, Path], tmp_path: Path,
+                                   value: str) -> None:
+    r = imatrix_pass(tools, smollm2, tmp_path / "x.gguf", "--xtx-layers", value, ok=False)
+    assert r.returncode != 0 and "--xtx-layers expects FIRST-LAST" in r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def dry_run_types(tools: dict[str, str], smollm2: dict[str, Path], *opts: str) -> dict[str, str]:
+    """The type llama-quantize --dry-run gives each ffn_down of the S3D8 file type."""
+    r = run([tools["llama-quantize"], "--dry-run", *opts, str(smollm2["f16"]), "S3D8"])
+    types = {}
+    for line in (r.stdout + r.stderr).splitlines():  # "[  8/ 272] blk.0.ffn_down.weight - [...], ... -> 0.28 MiB (s3d8)"
+        m = re.search(r"\]\s+(blk\.\d+\.ffn_down\.weight)\s.*\((\w+)\)\s*$", line)
+        if m:
+            types[m.group(1)] = m.group(2)
+    assert len(types) == 30, (r.stdout + r.stderr)[-3000:]
+    return types
+
+
+def test_s3d8_file_type_gives_the_last_ffn_down_iq4_xs_without_its_hessian(tools: dict[str, str],
+                                                                         smollm2: dict[str, Path]) -> None:
+    """The S3D8 file type: every ffn_down S3D8 but the last block's, IQ4_XS (with or without an imatrix); with an
+    X^T X for it (--hessian: GPTQ), S3D8 too."""
+    last = "blk.29.ffn_down.weight"
+    for opts in ((), ("--imatrix", str(smollm2["imatrix"]))):
+        types = dry_run_types(tools, smollm2, *opts)
+        assert types[last] == "iq4_xs", types
+        assert {t for n, t in types.items() if n != last} == {"s3d8"}, types
+    types = dry_run_types(tools, smollm2, "--imatrix", str(smollm2["imatrix"]), "--hessian", str(smollm2["xtx"]))
+    assert set(types.values()) == {"s3d8"}, types
