@@ -13,7 +13,7 @@ fastest of each tool; the ratio is taken between medians.
   ``--backend numpy`` (the reference encoder in numpy, as before issue 38).
 * ``layer``: one synthetic full-width Llama layer (hidden 4096, FFN 14336, 8 KV heads: the text layer of Llama 3.1 8B
   and Llama 3.2 11B Vision; t-distributed weights, f16) written as a one-layer GGUF; every matrix S3D8 in both tools
-  (``--type s3d8`` / ``llama-quantize ... S3D8``), without an imatrix.
+  (``--type s3d8`` / ``llama-quantize --pure ... S3D8``), without an imatrix.
 * the projection for Llama-3.2-11B-Vision: the layer's seconds per S3D8 weight times the S3D8 weights of the text
   model (40 such layers, the 128264 x 4096 token embedding and the 128256 x 4096 output) and of the vision tower
   (32 + 8 layers of hidden 1280 / MLP 5120 and the 7680 -> 4096 projector). The weights of a layer are encoded at
@@ -154,7 +154,9 @@ def bench_layer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     conv, lq = work / "layer-conv.gguf", work / "layer-lq.gguf"
     conv_cmd = [PY, str(ROOT / "convert" / "to_gguf.py"), str(src), "--type", "s3d8", "--fallback-type", "q8_0",
                 "--threads", str(args.threads), "--no-progress", "-o", str(conv)]
-    lq_cmd = [tool("llama-quantize"), str(src), str(lq), "S3D8", str(args.threads)]
+    # --pure: the S3D8 file type's one mixture rule (the last block's ffn_down IQ4_XS without a Hessian) off, so
+    # that both tools write the same tensors
+    lq_cmd = [tool("llama-quantize"), "--pure", str(src), str(lq), "S3D8", str(args.threads)]
     out = {"runs": alternate(conv_cmd, lq_cmd, args.repeats, args.threads), "bytes": compare(conv, lq),
            "s3d8_weights": weights}
     src.unlink()

@@ -93,7 +93,8 @@ def make_tiny_llama(out: Path) -> TinyLlama:
     f32, s3d8 = out / "f32.gguf", out / "s3d8.gguf"
     run([sys.executable, "-m", "convert.to_gguf", str(hf), "--type", "f32", "--tokenizer-pre", "llama-bpe",
          "-o", str(f32), "--no-progress"], "convert.to_gguf")
-    run([str(harness.binary("llama-quantize")), str(f32), str(s3d8), "S3D8", "2"], "llama-quantize")
+    # --pure: every matrix S3D8 (the S3D8 file type otherwise gives the last block's ffn_down IQ4_XS)
+    run([str(harness.binary("llama-quantize")), "--pure", str(f32), str(s3d8), "S3D8", "2"], "llama-quantize")
     f32.unlink()
     types = gguf_types(s3d8)
     matrices = {n: t for n, t in types.items() if not n.endswith("norm.weight")}
