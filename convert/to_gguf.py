@@ -22,6 +22,7 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import json
+import os
 import signal
 import traceback
 from typing import Any, Sequence
@@ -31,6 +32,8 @@ from gguf_s3d8.fsio import atomic_write
 from .common import ConversionOptions, ConversionReport, write_gguf
 from .encoders import add_arguments as add_encoder_arguments
 from .errors import ConvertError
+from .gptq_pipeline import DEFAULT_SCOPE as DEFAULT_GPTQ_SCOPE
+from .gptq_pipeline import SCOPES as GPTQ_SCOPES
 from .tensor_types import FALLBACK_TYPES, OUT_TYPES, S3D8_ENCODERS, S3D8Options
 
 _GGUF_MAGIC = b"GGUF"
@@ -69,6 +72,7 @@ examples:
   %(prog)s path/to/SmolLM2-hf --type s3d8 --qat-checkpoint run/checkpoint.s3d8.safetensors -o smollm2-qat-s3d8.gguf
   python -m qat.gptq_s3d8 --model path/to/SmolLM2-hf --calibration wiki.txt -o gptq.safetensors   # then:
   %(prog)s path/to/SmolLM2-hf --type s3d8 --gptq-checkpoint gptq.safetensors -o smollm2-gptq-s3d8.gguf
+  %(prog)s path/to/SmolLM2-hf --type s3d8 --calibration-text wiki.txt -o smollm2-gptq-s3d8.gguf   # GPTQ in C
 
 exit status: 0 ok, 2 bad input/options, 130 interrupted (143 on SIGTERM)
 """
@@ -114,6 +118,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the S3D8 containers of a GPTQ run (python -m qat.gptq_s3d8 -o PATH) verbatim for the "
                         "tensors it holds; they must be S3D8 in this conversion and made from these very weights")
     p.add_argument("--calibration", type=Path, metavar="FILE", default=None, help=argparse.SUPPRESS)  # moved: error
+    g = p.add_argument_group("GPTQ in C (llama-imatrix --save-xtx, llama-quantize --hessian; docs/convert.md)")
+    g.add_argument("--calibration-text", type=Path, metavar="FILE", default=None,
+                   help="run GPTQ with the build's tools: convert MODEL to f16 (into a work folder), collect the "
+                        "importance matrix and the X^T X of the weights' inputs on FILE with llama-imatrix (in passes "
+                        "that fit --max-memory), then write OUTFILE with llama-quantize --imatrix --hessian ... S3D8 "
+                        "(needs --type s3d8; binaries from $S3D8_BIN_DIR or build/host/bin)")
+    g.add_argument("--gptq", choices=GPTQ_SCOPES, default=None,
+                   help=f"with --calibration-text: which weights get GPTQ: all = every S3D8 weight, last-layer = the "
+                        f"last block's (the rest iw1 with the imatrix) (default: {DEFAULT_GPTQ_SCOPE})")
+    g.add_argument("--gptq-sequential", action="store_true",
+                   help="with --calibration-text: each pass's X^T X from the model with the earlier passes' blocks "
+                        "already quantized (slower: one llama-quantize per pass; docs/quality.md, 'Sequential GPTQ "
+                        "against one pass (C)')")
+    g.add_argument("--max-memory", type=float, default=None, metavar="GiB",
+                   help="with --calibration-text: memory for one pass's X^T X sums (default: half the RAM)")
+    g.add_argument("--calibration-chunks", type=int, default=None, metavar="N",
+                   help="with --calibration-text: llama-imatrix --chunks N of 512 tokens (default: the whole text)")
     p.add_argument("--tokenizer-pre", metavar="NAME", default=None,
                    help="llama.cpp pre-tokenizer name (tokenizer.ggml.pre) when it cannot be detected, "
                         "e.g. llama-bpe or smollm")
@@ -193,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.threads is not None and args.threads < 1:
             raise ConvertError(f"--threads {args.threads}: give at least 1")
+        if _gptq_requested(args):
+            return _convert_with_gptq(args, outfile)
         options = ConversionOptions(out_type=args.out_type, fallback_type=args.fallback_type,
                                     s3d8=S3D8Options(centroid_rule=args.centroid_rule, seed=args.seed,
                                                      encoder=args.encoder, imatrix=_load_imatrix(args)),
@@ -248,6 +271,67 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+
+
+def _gptq_requested(args: argparse.Namespace) -> bool:
+    return (args.calibration_text is not None or args.gptq is not None or args.gptq_sequential
+            or args.max_memory is not None or args.calibration_chunks is not None)
+
+
+def _gptq_options(args: argparse.Namespace) -> Any:
+    """--calibration-text and its options, checked against the rest before any work (a convert.gptq_pipeline
+    Options)."""
+    from .gptq_pipeline import Options, check_options, max_memory_bytes
+
+    if args.calibration_text is None:
+        raise ConvertError("--gptq, --gptq-sequential, --max-memory and --calibration-chunks need --calibration-text "
+                           "FILE")
+    clashes = [name for name, given in (
+        ("--imatrix (the passes compute it)", args.imatrix is not None),
+        ("--qat-checkpoint", args.qat_checkpoint is not None), ("--gptq-checkpoint", args.gptq_checkpoint is not None),
+        ("--mmproj", args.mmproj is not None), ("--report-json", args.report_json is not None),
+        ("--encoder reference", args.encoder != "iw1"), ("--centroid-rule", args.centroid_rule is not None),
+        ("--seed", args.seed != 0), ("--fallback-type other than q8_0", args.fallback_type != "q8_0")) if given]
+    if clashes:
+        raise ConvertError(f"--calibration-text runs llama-quantize's S3D8 file type (iw1 at seed 0, Q8_0 fallback): "
+                           f"it does not take {', '.join(clashes)}")
+    if args.out_type != "s3d8":
+        raise ConvertError("--calibration-text writes S3D8 with GPTQ: add --type s3d8")
+    opts = Options(text=args.calibration_text, scope=args.gptq or DEFAULT_GPTQ_SCOPE, sequential=args.gptq_sequential,
+                   max_memory=max_memory_bytes(args.max_memory), chunks=args.calibration_chunks,
+                   threads=args.threads if args.threads is not None else (os.cpu_count() or 1))
+    check_options(opts)
+    return opts
+
+
+def _convert_with_gptq(args: argparse.Namespace, outfile: Path) -> int:
+    """MODEL to f16 in a work folder next to OUTFILE, then convert.gptq_pipeline into OUTFILE."""
+    import shutil
+    import tempfile
+
+    from .gptq_pipeline import find_tools, run_pipeline
+
+    opts = _gptq_options(args)
+    tools = find_tools()
+    if outfile.is_dir():
+        raise ConvertError(f"{outfile}: is a directory; give a file name with --outfile")
+    if not outfile.parent.is_dir():
+        raise ConvertError(f"{outfile.parent}: the output folder does not exist")
+    f16_options = ConversionOptions(out_type="f16", backend=args.backend, threads=args.threads)
+    if args.dry_run:
+        print(convert(args.model, outfile, f16_options, tokenizer_pre=args.tokenizer_pre, dry_run=True).format_table())
+        print(f"then GPTQ ({opts.scope}{', sequential' if opts.sequential else ''}) with llama-imatrix and "
+              f"llama-quantize from {tools['llama-quantize'].parent} on {opts.text}; passes planned on the f16 file")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix=f".{outfile.name}.", suffix=".gptq", dir=outfile.parent))
+    try:
+        f16 = work / "model-f16.gguf"
+        print(convert(args.model, f16, f16_options, tokenizer_pre=args.tokenizer_pre,
+                      progress=not args.no_progress).format_table())
+        run_pipeline(f16, outfile, opts, work=work / "passes", tools=tools)
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _with_gptq(args: argparse.Namespace, options: ConversionOptions,
