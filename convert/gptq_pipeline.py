@@ -305,7 +305,6 @@ class Pipeline:
             # --xtx-include alone adds the matching weights of every block: name the range
             cmd += ["--xtx-layers", p.layers]
         return cmd + includes
-        return cmd
 
     def quantize_cmd(self, imatrix: Path, hessians: Sequence[Path], out: Path, overrides: Sequence[str] = ()) -> list[str]:
         o = self.opts
