@@ -85,13 +85,23 @@ def keep_raw_results(raw: Path, kept: Path, report_only: bool) -> Path:
     return kept
 
 
-def write_llama_layer(path: Path, n_embd: int, n_ff: int, matrix: Callable[[str, tuple[int, int]], Any]) -> None:
-    """A one-layer Llama GGUF (f16 matrices, 32 heads, 8 KV heads, a 256-token vocabulary too small for S3D8) whose
-    seven layer matrices are ``matrix(name, (rows, cols))`` (``attn_q`` .. ``ffn_down``); embeddings zero."""
+def write_llama_layer(path: Path, n_embd: int, n_ff: int, matrix: Callable[[str, tuple[int, int]], Any],
+                      tokenizer: Path | None = None) -> None:
+    """A one-layer Llama GGUF (f16 matrices, 32 heads, 8 KV heads) whose seven layer matrices are
+    ``matrix(name, (rows, cols))`` (``attn_q`` .. ``ffn_down``). Without ``tokenizer``: a 256-token vocabulary too
+    small for S3D8, embeddings zero, no tokenizer (llama-quantize reads it, nothing can tokenize text for it). With
+    ``tokenizer`` (a GGUF model file): its ``tokenizer.*`` keys and arrays are copied, so llama-imatrix and
+    llama-perplexity can read text, and ``token_embd`` (tied output) has the tokenizer's vocabulary as rows, filled
+    by ``matrix("token_embd", (n_vocab, n_embd))``."""
     import gguf_s3d8  # noqa: F401  (the series' gguf-py, which knows S3D8)
     import gguf
     import numpy as np
 
+    n_vocab, tok_fields = 256, []
+    if tokenizer is not None:
+        r = gguf.GGUFReader(tokenizer)
+        tok_fields = [(n, f) for n, f in r.fields.items() if n.startswith("tokenizer.")]
+        n_vocab = len(r.fields["tokenizer.ggml.tokens"].data)
     kv = n_embd // 4
     w = gguf.GGUFWriter(path, "llama")
     w.add_block_count(1)
@@ -102,9 +112,16 @@ def write_llama_layer(path: Path, n_embd: int, n_ff: int, matrix: Callable[[str,
     w.add_head_count_kv(8)
     w.add_rope_dimension_count(n_embd // 32)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(256)
+    w.add_vocab_size(n_vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_tensor("token_embd.weight", np.zeros((256, n_embd), np.float16))
+    for name, f in tok_fields:
+        vt = gguf.GGUFValueType(f.types[0])
+        sub = gguf.GGUFValueType(f.types[-1]) if vt == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, f.contents(), vt, sub_type=sub)
+    embd = (np.asarray(matrix("token_embd", (n_vocab, n_embd))) if tokenizer is not None
+            else np.zeros((n_vocab, n_embd)))
+    w.add_tensor("token_embd.weight", embd.astype(np.float16))
+    del embd
     w.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
     w.add_tensor("blk.0.attn_norm.weight", np.ones(n_embd, np.float32))
     w.add_tensor("blk.0.ffn_norm.weight", np.ones(n_embd, np.float32))
