@@ -138,7 +138,8 @@ def write_xtx(path: str | os.PathLike[str], xf: XtxFile) -> None:
         w = gguf.GGUFWriter(tmp, "xtx")
         w.add_string("general.type", "xtx")
         w.add_uint32("xtx.version", XTX_VERSION)
-        w.add_key_value("xtx.datasets", list(xf.datasets), arr, sub_type=vt.STRING)
+        if xf.datasets:  # gguf-py writes no empty array; a missing key reads as no dataset
+            w.add_key_value("xtx.datasets", list(xf.datasets), arr, sub_type=vt.STRING)
         w.add_string("xtx.model", xf.model)
         w.add_key_value("xtx.matrices", mats, arr, sub_type=vt.STRING)
         w.add_key_value("xtx.tokens", [xf.tokens[m] for m in mats], arr, sub_type=vt.UINT64)
