@@ -5,9 +5,9 @@ every pass but the first (which runs on the f16 model, as the one-pass collectio
 
 The end-to-end test uses the binaries of ``$S3D8_BIN_DIR`` or ``build/host/bin`` and is skipped (with the reason)
 when they lack ``--save-xtx`` / ``--hessian``; it puts the ffn_down of blocks 0-5 into S3D8 (GPTQ) and collects
-on 2 x 256 tokens, in two passes of three blocks (4 llama-quantize and 3 llama-imatrix runs: about two minutes
-on 2 idle cores; 10.4 min for the whole file, the SmolLM2 f16 conversion included, on 2 shared cores at load 6-8,
-2026-12-07).
+on 2 x 256 tokens, in two passes of three blocks (4 llama-quantize and 3 llama-imatrix runs; 10.4 min for the whole
+file, the SmolLM2 f16 conversion included, on 2 shared cores at load 6-8, 2026-12-07: not yet timed on an idle
+machine).
 """
 
 from __future__ import annotations
