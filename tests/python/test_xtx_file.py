@@ -44,12 +44,12 @@ def test_write_read_round_trip(tmp_path: Path, datasets: list[str]) -> None:
     xtx.write_xtx(path, f)
     g = xtx.read_xtx(path)
     assert g.weights == f.weights and g.dims == f.dims and g.tokens == f.tokens and g.datasets == datasets
-    for m in f.matrices:
-        assert np.array_equal(g.matrices[m], f.matrices[m])
-    m = g.matrix("blk.0.ffn_down.weight")
-    assert m.shape == (7, 7) and np.array_equal(m, m.T)
+    for name in f.matrices:
+        assert np.array_equal(g.matrices[name], f.matrices[name])
+    full = g.matrix("blk.0.ffn_down.weight")
+    assert full.shape == (7, 7) and np.array_equal(full, full.T)
     h = xtx.hessian(g, "blk.0.ffn_down.weight")
-    assert np.array_equal(h, (m.astype(np.float64) * (2.0 / 11)).astype(np.float32))
+    assert np.array_equal(h, (full.astype(np.float64) * (2.0 / 11)).astype(np.float32))
 
 
 def test_subset_keeps_only_the_matrices_of_its_weights() -> None:
