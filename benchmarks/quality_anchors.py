@@ -18,9 +18,17 @@ Types (all with the importance matrix):
   ik_llama.cpp  (built from the sha256-checked sdist of ik-llama-cpp-python==0.1.5 into .cache/ik_llama.cpp/ by
                 benchmarks/ik_build.py; ``llama-quantize --custom-q REGEX=TYPE``): IQ2_KL (2.6875 bpw, S3D8's exact
                 size), IQ2_K, IQ2_KS, and IQ2_S as a cross-check of the two setups.
-  mainline      (the patched tree, build/host/bin; ``llama-quantize --tensor-type REGEX=TYPE``): S3D8 (iw1),
-                IQ2_S, IQ2_M's types for those tensors (what ``llama-quantize --dry-run ... IQ2_M`` gives each of them
-                with the imatrix: IQ3_S / IQ2_S, see the report), Q2_K, IQ3_XXS.
+  mainline      (the patched tree, build/host/bin; ``llama-quantize --tensor-type REGEX=TYPE``): IQ2_S, IQ2_M's
+                types for those tensors (what ``llama-quantize --dry-run ... IQ2_M`` gives each of them with the
+                imatrix: IQ3_S / IQ2_S, see the report), Q2_K, IQ3_XXS, all with the t2 imatrix (below).
+  S3D8          (mainline, ``--s3d8-rows``; issue 49, item 2) iw1 (``--imatrix``), + last-layer X^T X (``--hessian``
+                with the last block's matrix alone), GPTQ all (``--hessian`` with every variant tensor's X^T X), the
+                default mix (the types ``llama-quantize --dry-run --imatrix ... S3D8`` gives the variant tensors),
+                each made from every imatrix / X^T X variant (``--variants``: t2 = ``llama-imatrix -t 2``, t1 = ``-t
+                1``, each pass also writing ``--save-xtx X --xtx-include ROLE``; pert = t2's imatrix and X^T X with
+                every entry times 1 +- 1e-6, fixed random signs) and reported as the worst of them; the default mix
+                and iw1 without an imatrix once. The report holds each row's variants, its ratios to IQ2_S, Q2_K,
+                IQ2_KL and the IQ2_M mix, and the issue's targets (pass / fail over every model of the run).
   extras        any GGUF made elsewhere (``--extra MODEL:NAME=PATH``, e.g. an improved encoder's or GPTQ's file),
                 measured with the mainline tools; it must hold the same tensors, Q8_0 outside the variant set.
 
@@ -30,7 +38,8 @@ The report gives the bits per weight of the variant tensors, the file size, PPL,
 the f16 model's top token, quantisation time (``llama-quantize`` wall seconds, whole file) and the speed of each file
 with its own project's ``llama-bench`` (pp 512, tg 128, the same threads, one repetition, flash attention on in
 both). Files, imatrices, base logits, timings and measurements are cached under .cache/quality-anchors/ (a second
-run re-measures nothing unless ``--remeasure``; a file that changed is re-measured).
+run re-measures nothing unless ``--remeasure``; a file whose tensors changed is re-measured, and files with the same
+tensors - e.g. two variants' S3D8 from byte-identical imatrices - are measured once).
 
     .venv/bin/python benchmarks/quality_anchors.py                       # both models, write docs/quality_anchors.*
     .venv/bin/python benchmarks/quality_anchors.py --models smollm2 \\
@@ -58,16 +67,19 @@ from anchors.gguf_dir import (  # type: ignore[import-not-found]  # noqa: F401
 )
 from anchors.model import (  # type: ignore[import-not-found]  # noqa: F401
     DEFAULT_JSON, DEFAULT_MARKDOWN, DEFAULT_PLOT, IK_TYPES, MAINLINE_TYPES, MODELS, OUTSIDE_TYPE,
-    RESULTS_VERSION, ROOT, log, parse_extra, parse_model_spec,
+    RESULTS_VERSION, ROOT, S3D8_ROWS, VARIANTS, log, parse_extra, parse_model_spec,
 )
 from anchors.parsers import (  # type: ignore[import-not-found]  # noqa: F401
     best_of, exact_regex, parse_bench, parse_dry_run, parse_fallbacks, parse_perplexity, runnable_others,
     tensor_type_args, wait_quiet,
 )
 from anchors.report import (  # type: ignore[import-not-found]  # noqa: F401
-    _json_safe, load_results, lscpu_model_name, plot, render_markdown, summary_lines, write_report,
+    _json_safe, load_results, lscpu_model_name, plot, render_markdown, row_name, summary_lines, write_report,
 )
 from anchors.runner import Row, Runner  # type: ignore[import-not-found]  # noqa: F401
+from anchors.variants import (  # type: ignore[import-not-found]  # noqa: F401
+    identical_groups, perturbed, s3d8_groups, worst_case,
+)
 
 from gguf_s3d8.fsio import atomic_write
 
@@ -82,7 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ik-types", nargs="*", default=list(IK_TYPES), metavar="TYPE",
                     help=f"ik_llama.cpp types for the variant tensors (default: {' '.join(IK_TYPES)})")
     ap.add_argument("--mainline-types", nargs="*", default=list(MAINLINE_TYPES), metavar="TYPE",
-                    help=f"mainline types (default: {' '.join(MAINLINE_TYPES)}; iq2_m = IQ2_M's per-tensor types)")
+                    help=f"mainline stock types, with the t2 imatrix (default: {' '.join(MAINLINE_TYPES)}; iq2_m = "
+                         "IQ2_M's per-tensor types)")
+    ap.add_argument("--s3d8-rows", nargs="*", default=list(S3D8_ROWS), choices=list(S3D8_ROWS), metavar="ROW",
+                    help="S3D8 rows: " + "; ".join(f"{r.key} = {r.label}" for r in S3D8_ROWS.values())
+                         + " (default: all)")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="VARIANT",
+                    help="imatrix / X^T X variants of the S3D8 rows, each row reported as its worst: t2 "
+                         "(llama-imatrix -t 2), t1 (-t 1), pert (t2's entries x (1 +- 1e-6)) (default: all)")
+    ap.add_argument("--nice", type=int, default=10,
+                    help="run the tools (not llama-bench) under nice -n N (default 10: the machine is shared)")
     ap.add_argument("--extra", type=parse_extra, action="append", default=[], metavar="MODEL:NAME=PATH",
                     help="also measure a GGUF made elsewhere (mainline tools), e.g. an S3D8 encoder's; repeatable")
     ap.add_argument("-t", "--threads", type=int, default=2, help="threads of every tool (default 2)")
@@ -132,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         ik_build.build(jobs=args.build_jobs)
         phases["ik build (or check)"] = time.monotonic() - t0
-    runner = Runner(args.threads)
+    runner = Runner(args.threads, args.nice)
     models = []
     for spec in args.models:
         b = Bench(spec, args, work, runner)
@@ -149,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpu": lscpu_model_name(), "cores": os.cpu_count(), "threads": args.threads,
                     "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()]},
         "settings": {"chunks": args.chunks, "ctx": 512, "imatrix_chunks": args.imatrix_chunks,
+                     "variants": list(args.variants), "s3d8_rows": list(args.s3d8_rows), "no_bench": args.no_bench,
+                     "nice": args.nice,
                      "bench": f"llama-bench -p 512 -n 128 -r 1, flash attention on, best of {args.bench_tries} tries",
                      "ik_bench_args": args.ik_bench_args, "outside_type": OUTSIDE_TYPE},
         "ik": {"source": f"{sdist.requirement} sdist (sha256 {sdist.sha256[:12]}...), "

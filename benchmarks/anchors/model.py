@@ -15,14 +15,39 @@ DEFAULT_JSON = DOCS / "data" / "quality_anchors.json"
 DEFAULT_PLOT = DOCS / "img" / "quality_anchors.png"
 DEFAULT_MARKDOWN = DOCS / "quality-anchors.md"
 IK_TYPES = ("iq2_kl", "iq2_k", "iq2_ks", "iq2_s")
-MAINLINE_TYPES = ("s3d8", "iq2_s", "iq2_m", "q2_k", "iq3_xxs")
+#: mainline's stock types (S3D8's rows are S3D8_ROWS; "s3d8" here is a plain S3D8 row with the t2 imatrix)
+MAINLINE_TYPES = ("iq2_s", "iq2_m", "q2_k", "iq3_xxs")
 #: llama-quantize's ftype whose per-tensor choices "iq2_m" copies onto the variant tensors
 MIX_TYPES = ("iq2_m",)
 PROJECTS = ("mainline", "ik", "extra")
 #: flash attention on in both benchmarks (ik's default; mainline's "auto" picks it on the CPU too)
 BENCH_FA = {"mainline": ("-fa", "on"), "ik": ("-fa", "1"), "extra": ("-fa", "on")}
 OUTSIDE_TYPE = "Q8_0"
-RESULTS_VERSION = 1
+RESULTS_VERSION = 2
+#: the imatrix / X^T X variants every S3D8 row with ``variants`` is made for (benchmarks/anchors/variants.py)
+VARIANTS = ("t2", "t1", "pert")
+
+
+@dataclass(frozen=True)
+class S3D8Row:
+    """One S3D8 row: how ``llama-quantize`` makes its file from a variant's imatrix and X^T X."""
+
+    key: str  #: its ``--s3d8-rows`` name
+    label: str
+    imatrix: bool  #: with ``--imatrix``
+    hessian: str  #: "" (none), "last" (the last block's X^T X only) or "all" (every variant tensor's)
+    mix: bool  #: the types ``llama-quantize --dry-run ... S3D8`` gives the variant tensors, else S3D8 on all of them
+    variants: bool  #: made for every variant and reported as the worst (else once, from t2's inputs or none)
+
+
+S3D8_ROWS: dict[str, S3D8Row] = {r.key: r for r in (
+    S3D8Row("iw1", "S3D8 iw1", True, "", False, True),
+    S3D8Row("last", "S3D8 + last-layer X^T X", True, "last", False, True),
+    S3D8Row("gptq", "S3D8 GPTQ all ffn_down", True, "all", False, True),
+    S3D8Row("mix", "S3D8 default mix (imatrix only)", True, "", True, True),
+    S3D8Row("mix-noim", "S3D8 default mix, no imatrix", False, "", True, False),
+    S3D8Row("noim", "S3D8 iw1, no imatrix", False, "", False, False),
+)}
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,20 @@ class Row:
     outside_same_as_mainline: bool | None = None
     requantised_identical: bool | None = None  #: --retime: the same command again gave the same bytes
     error: str = ""
+    group: str = ""  #: an S3D8 row's key (anchors.model.S3D8_ROWS), "" for the other rows
+    variant: str = ""  #: the imatrix / X^T X variant it was made from (t2, t1, pert), "" when none or the only one
+    sha256: str = ""  #: of the file
+    #: of its tensors (directory and data, not the metadata): measurements are cached by it, so files that differ
+    #: only in metadata (e.g. the imatrix file's name) are measured once
+    tensors_sha256: str = ""
 
 
 class Runner:
-    """Tools of both projects, run with logged command lines and wall times."""
+    """Tools of both projects, run with logged command lines and wall times (every tool but llama-bench under
+    ``nice -n NICE`` when ``nice`` is set: the machine is shared)."""
 
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
+    def __init__(self, threads: int, nice: int = 0) -> None:
+        self.threads, self.nice = threads, nice
 
     @staticmethod
     def exe(project: str, name: str) -> str:
@@ -62,6 +69,8 @@ class Runner:
         return str(exe)
 
     def run(self, cmd: list[str], what: str, timeout: int = 7200) -> tuple[subprocess.CompletedProcess, float]:
+        if self.nice and not Path(cmd[0]).name.startswith("llama-bench"):
+            cmd = ["nice", "-n", str(self.nice), *cmd]
         log(f"{what}: {' '.join(shlex.quote(c) for c in cmd)}")
         t0 = time.monotonic()
         try:
@@ -99,7 +108,7 @@ class Inputs:
     f16: Path
     train: Path
     eval: Path
-    imatrix: dict[str, Path]  #: project -> imatrix file (made lazily for ik)
+    imatrix: dict[str, Path]  #: project -> imatrix file (made lazily for ik); mainline's is variant t2's
     notes: list[str]
 
 

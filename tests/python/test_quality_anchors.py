@@ -72,7 +72,12 @@ def test_arguments_default_to_both_models_and_every_anchor() -> None:
     assert [m.key for m in args.models] == ["smollm2", "gemma3"] and args.threads == 2 and args.chunks == 24
     assert args.imatrix_chunks == 64 and args.extra == []
     assert args.ik_types == ["iq2_kl", "iq2_k", "iq2_ks", "iq2_s"]
-    assert args.mainline_types == ["s3d8", "iq2_s", "iq2_m", "q2_k", "iq3_xxs"]
+    assert args.mainline_types == ["iq2_s", "iq2_m", "q2_k", "iq3_xxs"]
+    assert args.s3d8_rows == ["iw1", "last", "gptq", "mix", "mix-noim", "noim"]
+    assert args.variants == ["t2", "t1", "pert"] and args.nice == 10
+    assert qa.build_parser().parse_args(["--s3d8-rows", "--variants", "t2"]).s3d8_rows == []
+    with pytest.raises(SystemExit):
+        qa.build_parser().parse_args(["--variants", "t3"])
     args = qa.build_parser().parse_args(["--models", "gemma3", "--extra", "gemma3:A=a.gguf", "--extra",
                                          "smollm2:B=b.gguf", "--ik-types"])
     assert [m.key for m in args.models] == ["gemma3"] and [e.name for e in args.extra] == ["A", "B"]
@@ -168,20 +173,29 @@ def test_dry_run_and_bench_output_parsers() -> None:
     assert math.isnan(pp) and math.isnan(tg)
 
 
-def _row(label: str, project: str, qtype: str, bpw: float, kld: float, error: str = "") -> dict:
+def _row(label: str, project: str, qtype: str, bpw: float, kld: float, error: str = "", group: str = "",
+         variant: str = "", sha256: str = "") -> dict:
     row = qa.Row(label, project, qtype, f"x/{label}.gguf", variant_types={label.split()[0]: 30}, variant_bpw=bpw,
                  file_mib=119.5, file_bpw=7.3, ppl=30.0, ppl_err=1.3, kld=kld, kld_err=0.009, same_top=80.0,
                  pp512=600.0, tg128=100.0, quant_s=4.2, ppl_s=40.0 if project == "ik" else 100.0, bench_load=0.5,
                  outside_same_as_project=True,
-                 outside_same_as_mainline=project != "ik", error=error)
+                 outside_same_as_mainline=project != "ik", error=error, group=group, variant=variant,
+                 sha256=sha256 or f"{label}-{variant}")
     return vars(row)
 
 
+def _s3d8(key: str, klds: dict[str, float], bpw: float = 2.6875, **kw) -> list[dict]:
+    label = qa.S3D8_ROWS[key].label
+    return [_row(label, "mainline", "s3d8", bpw, k, group=key, variant=v, **kw) for v, k in klds.items()]
+
+
 def _results() -> dict:
-    rows = [_row("S3D8", "mainline", "s3d8", 2.6875, 0.476), _row("IQ2_KL", "ik", "iq2_kl", 2.6875, 0.407),
+    rows = [*_s3d8("iw1", {"t2": 0.476, "t1": 0.476, "pert": 0.562}),
+            _row("IQ2_KL", "ik", "iq2_kl", 2.6875, 0.407),
             _row("IQ2_S", "mainline", "iq2_s", 2.5625, 0.480), _row("IQ2_M mix", "mainline", "iq2_m", 2.75, 0.41),
             _row("S3D8 GPTQ", "extra", "", 2.6875, 0.385), _row("IQ2_KS", "ik", "iq2_ks", float("nan"), float("nan"),
                                                                  error="ik llama-perplexity failed")]
+    rows[1]["sha256"] = rows[0]["sha256"]  # t1 gave t2's bytes
     model = {"key": "smollm2", "title": "SmolLM2-135M-Instruct", "variant_regex": qa.MODELS["smollm2"].regex,
              "n_variant_tensors": 30, "f16": {"path": "f16.gguf", "mib": 258.3,
                                               "rows": [{"project": "mainline", "ppl": 21.87, "ppl_err": 0.94,
@@ -192,7 +206,8 @@ def _results() -> dict:
     return {"version": 1, "date": "2026-12-06 10:00", "command": qa.reproduce_command([]),
             "machine": {"cpu": "Test CPU", "cores": 2, "threads": 2, "load_before": [1.0, 1.0, 1.0],
                         "load_after": [2.0, 2.0, 2.0]},
-            "settings": {"chunks": 24, "ctx": 512, "imatrix_chunks": 64}, "ik": {"source": "ik sdist"},
+            "settings": {"chunks": 24, "ctx": 512, "imatrix_chunks": 64, "variants": ["t2", "t1", "pert"]},
+            "ik": {"source": "ik sdist"},
             "mainline": {"source": "ours"}, "models": [model, dict(model, key="gemma3", title="Gemma-3-270M")],
             "phases": {"ik build (or check)": 3.0}, "seconds": 100.0}
 
@@ -203,13 +218,21 @@ def test_report_tables_sort_by_kld_and_name_failures(tmp_path: Path) -> None:
     assert ".venv/bin/python benchmarks/quality_anchors.py" in md
     table = [line for line in md.splitlines() if line.startswith("| ")]
     assert table[1].startswith("| S3D8 GPTQ (extra)") and table[2].startswith("| IQ2_KL (ik_llama.cpp)")
+    assert table[5].startswith("| S3D8 iw1 (mainline; worst of 3: pert)") and "| 0.5620 ± 0.0090 |" in table[5]
     assert table[6].startswith("| IQ2_KS (ik_llama.cpp)") and "failed: ik llama-perplexity failed" in table[6]
     assert "| 0.4070 ± 0.0090 |" in table[2] and "| 2.6875 |" in table[2]
     assert "(IQ2_S ×1, IQ3_S ×1)" in md and "- smollm2 ik IQ2_KS: ik llama-perplexity failed" in md
-    assert md.count("## ") == 2
+    assert md.count("\n## ") == 3  # the targets and the two models
     assert ("Recorded step times (wall, when done): ik imatrix 399 s, mainline llama-perplexity 100 s per file "
-            "(median of 3), ik llama-perplexity 40 s per file (median of 1).") in md
+            "(median of 4), ik llama-perplexity 40 s per file (median of 1).") in md
     assert "| 100.0 | 0.5 | 4.2 |" in table[2]
+    # the S3D8 variants, their worst case, the identical files and the ratios
+    assert "| S3D8 iw1 | 2.6875 | 0.4760 | 0.4760 | 0.5620 | **0.5620** (pert) | 0.4760 → 0.5620 |" in md
+    assert "- Same bytes, measured once: S3D8 iw1 (t2), S3D8 iw1 (t1)" in md
+    assert "| S3D8 iw1 | 2.6875 | 0.5620 | 1.17× | 1.38× | 1.37× |" in md
+    assert "÷ IQ2_S (0.4800 at 2.5625 bpw)" in md and "÷ Q2_K" not in md  # no Q2_K row: no column
+    assert "*Note:*" not in md
+    assert "*Note:* restarted once.\n" in qa.render_markdown(dict(_results(), run_notes=["restarted once."]))
 
 
 def test_results_round_trip_through_strict_json_and_plot(tmp_path: Path) -> None:
@@ -219,7 +242,7 @@ def test_results_round_trip_through_strict_json_and_plot(tmp_path: Path) -> None
     assert "NaN" not in text
     path.write_text(text)
     back = qa.load_results(path)
-    ks = back["models"][0]["rows"][5]
+    ks = back["models"][0]["rows"][-1]
     assert math.isnan(ks["kld"]) and math.isnan(ks["variant_bpw"]) and ks["outside_same_as_mainline"] is False
     assert qa.render_markdown(back) == qa.render_markdown(results)
     png = tmp_path / "p.png"
@@ -245,15 +268,121 @@ def test_perplexity_base_runs_of_both_projects() -> None:
         qa.parse_perplexity("nothing", kld=False)
 
 
-def test_summary_puts_s3d8_against_its_anchors() -> None:
+def test_summary_cross_checks_the_two_iq2_s() -> None:
     rows = [r for r in _results()["models"][0]["rows"] if not r["error"]]
-    lines = qa.summary_lines(rows)
-    assert lines[0] == ("- S3D8 + imatrix: KLD 0.4760 against IQ2_KL (ik_llama.cpp, the exact-size peer) 0.4070: "
-                        "**1.17×** at 2.6875 vs 2.6875 bits")
-    assert lines[1].startswith("- S3D8 + imatrix: KLD 0.4760 against IQ2_S + imatrix (mainline) 0.4800: **0.99×**")
-    assert lines[2].startswith("- S3D8 + imatrix: KLD 0.4760 against IQ2_M's types (mainline) 0.4100")
-    assert len(lines) == 4 and lines[3] == ""  # no ik IQ2_S in the rows: no cross-check line
-    assert qa.summary_lines([r for r in rows if r["qtype"] != "s3d8"]) == []
+    assert qa.summary_lines(rows) == []  # no ik IQ2_S in the rows: no cross-check line
+    rows.append(_row("IQ2_S", "ik", "iq2_s", 2.5625, 0.479))
+    assert qa.summary_lines(rows)[0].startswith("- Cross-check: IQ2_S made and measured by mainline 0.4800, by "
+                                                "ik_llama.cpp 0.4790")
+
+
+def test_variant_perturbation_moves_every_entry_by_its_fixed_sign(tmp_path: Path) -> None:
+    import numpy as np
+
+    from anchors import variants  # type: ignore[import-not-found]
+
+    v = np.concatenate([np.array([1.0, 2.5, 1e-30, 3e5, 0.0, -7.25], dtype=np.float32),
+                        np.random.default_rng(1).random(200, dtype=np.float32) + 0.1])
+    a, b = variants.perturbed(v, np.random.default_rng(7)), variants.perturbed(v, np.random.default_rng(7))
+    assert a.dtype == np.float32 and np.array_equal(a, b)  # the seed fixes the signs
+    rel = (a.astype(np.float64) - v) / np.where(v == 0, 1, v)
+    assert np.all(np.abs(np.abs(rel[v != 0]) - 1e-6) < 1e-7) and a[4] == 0  # each nonzero entry moves by 1e-6
+    assert np.all(a[v != 0] != v[v != 0])
+    signs = np.sign(rel[v != 0])
+    assert set(signs) == {-1.0, 1.0}
+    # an imatrix file: in_sum2 and in_sum move, counts stay; the same seed gives the same bytes
+    gguf = pytest.importorskip("gguf")
+    src = tmp_path / "im.gguf"
+    w = gguf.GGUFWriter(str(src), arch="imatrix")
+    w.add_type("imatrix")
+    rng = np.random.default_rng(0)
+    sums = {n: rng.random(64, dtype=np.float32) + 0.5 for n in ("blk.0.ffn_down.weight", "blk.1.ffn_down.weight")}
+    for n, x in sums.items():
+        w.add_tensor(f"{n}.in_sum2", x)
+        w.add_tensor(f"{n}.in_sum", x - 0.75)
+        w.add_tensor(f"{n}.counts", np.array([10.0], dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    n = variants.perturb_imatrix(src, tmp_path / "p1.gguf", seed=3)
+    variants.perturb_imatrix(src, tmp_path / "p2.gguf", seed=3)
+    assert n == 4 * 64 and (tmp_path / "p1.gguf").read_bytes() == (tmp_path / "p2.gguf").read_bytes()
+    before = {t.name: np.array(t.data) for t in gguf.GGUFReader(src).tensors}
+    after = {t.name: np.array(t.data) for t in gguf.GGUFReader(tmp_path / "p1.gguf").tensors}
+    for name, x in before.items():
+        if name.endswith(".counts"):
+            assert np.array_equal(after[name], x)
+        else:
+            assert np.all(after[name] != x)
+            assert np.allclose(after[name], x, rtol=1.2e-6, atol=0)
+    with pytest.raises(ValueError, match="no .in_sum2"):
+        variants.perturb_imatrix(tmp_path / "p1.gguf" if False else _no_sums(tmp_path, gguf), tmp_path / "x.gguf")
+    assert variants.last_block(["blk.2.ffn_down.weight", "blk.29.ffn_down.weight", "output.weight"]) == 29
+
+
+def _no_sums(tmp_path: Path, gguf) -> Path:
+    import numpy as np
+
+    path = tmp_path / "plain.gguf"
+    w = gguf.GGUFWriter(str(path), arch="x")
+    w.add_tensor("a.weight", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_worst_case_over_variants_and_the_targets() -> None:
+    from anchors import targets, variants
+
+    group = _s3d8("last", {"t2": 0.4271, "t1": 0.4271, "pert": 0.4292})
+    s = variants.worst_case(group)
+    assert s["worst"]["variant"] == "pert" and s["best"]["kld"] == 0.4271 and s["complete"] and s["n"] == 3
+    failed = [dict(group[0]), dict(group[1]), dict(group[2], kld=float("nan"), error="llama-quantize failed")]
+    s = variants.worst_case(failed)
+    assert not s["complete"] and s["worst"]["kld"] == 0.4271  # never a worst case from a partial set
+    assert variants.worst_case([dict(group[0], error="x", kld=float("nan"))])["worst"] is None
+
+    def model(title: str, last: dict[str, float], gptq: dict[str, float], mix: dict[str, float]) -> dict:
+        return {"title": title, "rows": [
+            _row("IQ2_S", "mainline", "iq2_s", 2.5625, 0.480), _row("Q2_K", "mainline", "q2_k", 2.625, 0.555),
+            _row("IQ2_KL", "ik", "iq2_kl", 2.6979, 0.406), *_s3d8("last", last), *_s3d8("gptq", gptq),
+            *_s3d8("mix", mix, bpw=2.72)]}
+
+    m1 = model("A", {"t2": 0.40, "t1": 0.41, "pert": 0.43}, {"t2": 0.37, "t1": 0.38, "pert": 0.381},
+               {"t2": 0.47, "t1": 0.47, "pert": 0.49})
+    m2 = model("B", {"t2": 0.40, "t1": 0.40, "pert": 0.40}, {"t2": 0.30, "t1": 0.36, "pert": 0.30},
+               {"t2": 0.40, "t1": 0.40, "pert": 0.40})
+    lines = targets.target_lines([m1, m2])
+    assert len(lines) == len(targets.TARGETS) == 5
+    # 0.43 > 0.9 x 0.48 = 0.432? no: 0.43 <= 0.432 passes on A, 0.40 on B
+    assert lines[0].startswith("- **PASS**: S3D8 + last-layer X^T X ≤ 0.9 × IQ2_S + imatrix: A: 0.4300 (worst: pert) "
+                               "vs 0.9 × 0.4800 = 0.4320, 0.90× at 2.6875 vs 2.5625 bpw (holds)")
+    assert lines[1].startswith("- **PASS**: S3D8 + last-layer X^T X ≤ Q2_K + imatrix")
+    assert lines[2].startswith("- **PASS**: S3D8 GPTQ") and "A: 0.3810 (worst: pert)" in lines[2]
+    assert lines[3].startswith("- **FAIL** (goal): S3D8 GPTQ")  # 0.381 > 0.9 x 0.406 on A
+    assert lines[4].startswith("- **FAIL**: S3D8 default mix") and "bits not matched: S3D8 spends +0.1575 bpw" in lines[4]
+    assert "B: 0.4000 (worst: t2) vs 0.4800, 0.83× at 2.7200 vs 2.5625 bpw (holds)" in lines[4]
+    assert "A: 0.4900 (worst: pert) vs 0.4800, 1.02× at 2.7200 vs 2.5625 bpw (does not hold)" in lines[4]
+    m2["rows"] = [r for r in m2["rows"] if r.get("group") != "gptq" or r["variant"] != "t1"] + [
+        dict(_s3d8("gptq", {"t1": float("nan")})[0], error="failed")]
+    assert targets.target_lines([m1, m2])[2].startswith("- **NOT DETERMINED**: S3D8 GPTQ")
+    assert "B: 0.3000 (worst: t2) vs 0.4060" in targets.target_lines([m1, m2])[2]
+    assert "(a variant failed: no worst case)" in targets.target_lines([m1, m2])[2]
+    assert targets.target_lines([{"title": "C", "rows": []}])[0] == (
+        "- **NOT DETERMINED**: S3D8 + last-layer X^T X ≤ 0.9 × IQ2_S + imatrix: C: not measured")
+
+
+def test_s3d8_rows_made_once_show_one_file() -> None:
+    from anchors import targets
+
+    rows = [_row("S3D8 iw1, no imatrix", "mainline", "s3d8", 2.6875, 0.506, group="noim")]
+    assert targets.variant_table(rows, ["t2", "t1", "pert"])[2] == (
+        "| S3D8 iw1, no imatrix | 2.6875 | – | – | – | 0.5060 (one file) | – |")
+    shown = targets.display_rows(rows)
+    assert shown[0]["worst_of"] == "" and qa.row_name(shown[0]) == "S3D8 iw1, no imatrix (mainline)"
 
 
 def test_bench_keeps_the_fastest_try() -> None:
@@ -283,3 +412,59 @@ def test_runnable_others_counts_busy_processes() -> None:
             p.wait()
     assert min(counts) >= 2, counts
     assert qa.build_parser().parse_args([]).bench_tries == 3
+
+
+def test_xtx_variant_perturbs_every_entry_and_the_last_layer_is_a_subset(tmp_path: Path) -> None:
+    import numpy as np
+
+    from anchors import variants
+    from gguf_s3d8 import xtx
+
+    rng = np.random.default_rng(0)
+    mats, dims, weights = {}, {}, {}
+    for b in range(3):
+        x = rng.standard_normal((40, 8)).astype(np.float32)
+        mats[f"blk.{b}.ffn_down.weight.xtx"] = xtx.pack_lower(x.T @ x)
+        dims[f"blk.{b}.ffn_down.weight.xtx"] = 8
+        weights[f"blk.{b}.ffn_down.weight"] = (f"blk.{b}.ffn_down.weight.xtx", "")
+    src = tmp_path / "xtx.gguf"
+    xtx.write_xtx(src, xtx.XtxFile(mats, dims, {m: 40 for m in mats}, weights, ["train.txt"], "m.gguf"))
+    assert variants.perturb_xtx(src, tmp_path / "p.gguf", seed=5) == 3 * 36
+    variants.perturb_xtx(src, tmp_path / "q.gguf", seed=5)
+    assert (tmp_path / "p.gguf").read_bytes() == (tmp_path / "q.gguf").read_bytes()  # a fixed seed
+    a, p = xtx.read_xtx(src), xtx.read_xtx(tmp_path / "p.gguf")
+    for w in weights:
+        m, mp = a.matrix(w), p.matrix(w)
+        assert np.array_equal(mp, mp.T)  # still exactly symmetric
+        nz = m != 0
+        assert np.all(mp[nz] != m[nz]) and np.allclose(mp, m, rtol=1.2e-6, atol=0)
+    assert a.tokens == p.tokens and a.weights == p.weights
+    names = list(weights)
+    last = [n for n in names if n.startswith(f"blk.{variants.last_block(names)}.")]
+    assert variants.xtx_subset(tmp_path / "p.gguf", tmp_path / "last.gguf", last) == ["blk.2.ffn_down.weight"]
+    sub = xtx.read_xtx(tmp_path / "last.gguf")
+    assert list(sub.matrices) == ["blk.2.ffn_down.weight.xtx"]
+    assert np.array_equal(sub.matrix("blk.2.ffn_down.weight"), p.matrix("blk.2.ffn_down.weight"))
+    with pytest.raises(ValueError, match="no X\\^T X for blk.7"):
+        variants.xtx_subset(src, tmp_path / "x.gguf", ["blk.7.ffn_down.weight"])
+
+
+def test_report_says_how_each_variant_was_made() -> None:
+    from anchors import report
+
+    results = _results()
+    results["models"][0]["variants"] = {
+        "t2": {"command": f"{qa.ROOT}/build/host/bin/llama-imatrix -t 2 -o {qa.ROOT}/.cache/q/.imatrix-t2.tmp.gguf "
+                          f"--save-xtx {qa.ROOT}/.cache/q/.xtx-t2.tmp.gguf --xtx-include ffn_down", "seconds": 310.2,
+               "same_imatrix_as_before": True},
+        "derived:imatrix-pert.gguf": {"how": "t2 imatrix, perturbed"},
+        "derived:xtx-last-t2.gguf": {"how": "the matrices of blk.29.ffn_down.weight (subset of xtx-t2.gguf)"},
+        "t2-seed": {"from": ".cache/main-job/imatrix.gguf"}}
+    lines = report.variant_notes(results, results["models"][0])
+    assert lines == [
+        "- `t2`: `build/host/bin/llama-imatrix -t 2 -o .cache/q/imatrix-t2.gguf --save-xtx .cache/q/xtx-t2.gguf "
+        "--xtx-include ffn_down` (310 s, its imatrix byte-identical to the one made before)",
+        "- `pert`: t2 imatrix, perturbed",
+        "- last-layer X^T X: the matrices of blk.29.ffn_down.weight (subset of xtx-VARIANT.gguf) (written with the "
+        "Python module, not by `--xtx-last-layer`), one file per variant",
+        "- before the X^T X pass, t2's imatrix was the main job's (.cache/main-job/imatrix.gguf)"]
