@@ -22,7 +22,7 @@ class Target:
     factor: float  #: worst KLD <= factor x the anchor's KLD
     text: str
     goal: bool = False  #: a goal beyond the target (reported, not a failure)
-    matched_bpw: bool = False  #: the target speaks of matched bits per weight: the line gives both
+    matched_bpw: bool = False  #: held at S3D8's bpw: the anchor is mainline's stock frontier there (matched_anchor)
 
 
 TARGETS = (
@@ -31,8 +31,8 @@ TARGETS = (
     Target("gptq", ("ik", "iq2_kl"), 1.0, "S3D8 GPTQ on every S3D8 matrix (all ffn_down) ≤ IQ2_KL"),
     Target("gptq", ("ik", "iq2_kl"), 0.9, "S3D8 GPTQ on every S3D8 matrix (all ffn_down) ≤ 0.9 × IQ2_KL",
            goal=True),
-    Target("mix", ("mainline", "iq2_s"), 1.0, "S3D8 default mix (imatrix only) ≤ IQ2_S + imatrix at matched bpw",
-           matched_bpw=True),
+    Target("mix", ("mainline", "iq2_s"), 1.0, "S3D8 default mix (imatrix only) ≤ IQ2_S + imatrix at matched bpw "
+           "(mainline's stock rows' lower hull at S3D8's bpw)", matched_bpw=True),
 )
 
 
@@ -40,6 +40,37 @@ def find(rows: list[dict[str, Any]], project: str, qtype: str) -> dict[str, Any]
     """The stock row of a project's type (not an S3D8 row), measured."""
     return next((r for r in rows if r["project"] == project and r["qtype"] == qtype and not r.get("group")
                  and not r["error"] and not math.isnan(r["kld"])), None)
+
+
+def stock_hull(rows: list[dict[str, Any]], project: str = "mainline") -> list[tuple[float, float]]:
+    """The lower convex hull of a project's measured stock rows in (bpw, KLD), by increasing bpw: what mixing
+    that project's types tensor by tensor reaches at each size, to a linear estimate."""
+    pts = sorted({(r["variant_bpw"], r["kld"]) for r in rows if r["project"] == project and not r.get("group")
+                  and not r["error"] and not math.isnan(r["kld"])})
+    hull: list[tuple[float, float]] = []
+    for p in pts:
+        if hull and p[0] == hull[-1][0]:
+            continue  # the same size twice: the first (lower KLD) stays
+        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1])
+                                  - (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0])) <= 0:
+            hull.pop()
+        hull.append(p)
+    return hull
+
+
+def matched_anchor(rows: list[dict[str, Any]], anchor: dict[str, Any], bpw: float) -> dict[str, Any]:
+    """The anchor at ``bpw``: the anchor itself when it spends as many bits or more; else the stock hull
+    (``stock_hull`` of the anchor's project) interpolated linearly at ``bpw``, never above the anchor's own KLD
+    (``bpw`` beyond the hull's last point: that point's KLD, and ``extrapolated``)."""
+    if bpw <= anchor["variant_bpw"] + 1e-3:
+        return {"kld": anchor["kld"], "bpw": anchor["variant_bpw"], "how": "measured"}
+    hull = stock_hull(rows, anchor["project"])
+    for (b0, k0), (b1, k1) in zip(hull, hull[1:]):
+        if b0 <= bpw <= b1:
+            kld = k0 + (k1 - k0) * (bpw - b0) / (b1 - b0)
+            return {"kld": min(kld, anchor["kld"]), "bpw": bpw, "how": f"between {b0:.4f} and {b1:.4f} bpw"}
+    last = hull[-1] if hull else (anchor["variant_bpw"], anchor["kld"])
+    return {"kld": min(last[1], anchor["kld"]), "bpw": bpw, "how": "extrapolated"}
 
 
 def group_summaries(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -99,9 +130,12 @@ def evaluate(target: Target, models: list[dict[str, Any]]) -> dict[str, Any]:
                              "variant": s["worst"]["variant"], "complete": s["complete"]}
         if a:
             entry["anchor"] = {"kld": a["kld"], "bpw": a["variant_bpw"]}
+            if target.matched_bpw and entry["s3d8"]:
+                entry["anchor"]["matched"] = matched_anchor(mod["rows"], a, entry["s3d8"]["bpw"])
         if entry["s3d8"] and entry["anchor"] and entry["s3d8"]["complete"]:
-            entry["ratio"] = ratio(entry["s3d8"]["kld"], entry["anchor"]["kld"])
-            entry["passed"] = entry["s3d8"]["kld"] <= target.factor * entry["anchor"]["kld"]
+            held = entry["anchor"].get("matched", entry["anchor"])
+            entry["ratio"] = ratio(entry["s3d8"]["kld"], held["kld"])
+            entry["passed"] = entry["s3d8"]["kld"] <= target.factor * held["kld"]
         else:
             entry["passed"] = None
         verdicts.append(entry["passed"])
@@ -127,12 +161,18 @@ def target_lines(models: list[dict[str, Any]]) -> list[str]:
                     + (f"{t.factor:g} × {a['kld']:.4f} = {t.factor * a['kld']:.4f}" if t.factor != 1 else
                        f"{a['kld']:.4f}")
                     + f", {ratio(s['kld'], a['kld']):.2f}× at {s['bpw']:.4f} vs {a['bpw']:.4f} bpw")
+            mt = a.get("matched")
+            interpolated = bool(mt) and mt["how"] != "measured"
             if not s["complete"]:
                 text += " (a variant failed: no worst case)"
-            elif m["passed"] is not None:
+            elif m["passed"] is not None and not interpolated:
                 text += " (holds)" if m["passed"] else " (does not hold)"
-            if t.matched_bpw and s["bpw"] > a["bpw"] + 1e-3:
-                text += f"; bits not matched: S3D8 spends {s['bpw'] - a['bpw']:+.4f} bpw more"
+            if interpolated:
+                text += (f"; at matched bits ({s['bpw']:.4f} bpw, mainline's stock hull {mt['how']}"
+                         f"{'' if mt['how'] != 'extrapolated' else ' beyond its last point'}): {mt['kld']:.4f}, "
+                         f"{ratio(s['kld'], mt['kld']):.2f}×")
+                if m["passed"] is not None:
+                    text += " (holds)" if m["passed"] else " (does not hold)"
             parts.append(text)
         lines.append(f"- **{verdict}**{' (goal)' if t.goal else ''}: {t.text}: " + "; ".join(parts))
     return lines

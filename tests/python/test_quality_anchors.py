@@ -363,9 +363,24 @@ def test_worst_case_over_variants_and_the_targets() -> None:
     assert lines[1].startswith("- **PASS**: S3D8 + last-layer X^T X ≤ Q2_K + imatrix")
     assert lines[2].startswith("- **PASS**: S3D8 GPTQ") and "A: 0.3810 (worst: pert)" in lines[2]
     assert lines[3].startswith("- **FAIL** (goal): S3D8 GPTQ")  # 0.381 > 0.9 x 0.406 on A
-    assert lines[4].startswith("- **FAIL**: S3D8 default mix") and "bits not matched: S3D8 spends +0.1575 bpw" in lines[4]
-    assert "B: 0.4000 (worst: t2) vs 0.4800, 0.83× at 2.7200 vs 2.5625 bpw (holds)" in lines[4]
-    assert "A: 0.4900 (worst: pert) vs 0.4800, 1.02× at 2.7200 vs 2.5625 bpw (does not hold)" in lines[4]
+    # matched bits: mainline's stock hull is IQ2_S (2.5625, 0.480) - Q2_K (2.625, 0.555) lies above it - and no
+    # larger stock row here, so at 2.72 bpw the anchor stays IQ2_S's own KLD ("extrapolated")
+    assert lines[4].startswith("- **FAIL**: S3D8 default mix")
+    assert ("B: 0.4000 (worst: t2) vs 0.4800, 0.83× at 2.7200 vs 2.5625 bpw; at matched bits (2.7200 bpw, mainline's "
+            "stock hull extrapolated beyond its last point): 0.4800, 0.83× (holds)") in lines[4]
+    assert ("A: 0.4900 (worst: pert) vs 0.4800, 1.02× at 2.7200 vs 2.5625 bpw; at matched bits (2.7200 bpw, "
+            "mainline's stock hull extrapolated beyond its last point): 0.4800, 1.02× (does not hold)") in lines[4]
+    # with IQ3_XXS (3.0625, 0.26) the hull runs IQ2_S - IQ3_XXS: at 2.72 bpw 0.48 - 0.22 * 0.1575 / 0.5 = 0.41070
+    for m in (m1, m2):
+        m["rows"].append(_row("IQ3_XXS", "mainline", "iq3_xxs", 3.0625, 0.260))
+    lines = targets.target_lines([m1, m2])
+    assert "B: 0.4000 (worst: t2) vs 0.4800" in lines[4] and "between 2.5625 and 3.0625 bpw): 0.4107, 0.97× (holds)" in lines[4]
+    assert lines[4].startswith("- **FAIL**: S3D8 default mix")  # A: 0.49 > 0.4107
+    assert targets.stock_hull(m1["rows"]) == [(2.5625, 0.480), (3.0625, 0.260)]
+    m2["rows"] = [dict(r, kld=0.395) if r.get("group") == "mix" else r for r in m2["rows"]]
+    assert "0.3950 (worst: t2)" in targets.target_lines([m2])[4] and targets.target_lines([m2])[4].startswith("- **PASS**")
+    for m in (m1, m2):
+        m["rows"] = [r for r in m["rows"] if r["qtype"] != "iq3_xxs"]
     m2["rows"] = [r for r in m2["rows"] if r.get("group") != "gptq" or r["variant"] != "t1"] + [
         dict(_s3d8("gptq", {"t1": float("nan")})[0], error="failed")]
     assert targets.target_lines([m1, m2])[2].startswith("- **NOT DETERMINED**: S3D8 GPTQ")
