@@ -33,9 +33,15 @@ Steps, one matrix (n rows, k columns; rows grouped in triples, padding rows zero
    weight space under the rounded codebook, then each centroid component becomes the importance-weighted
    least-squares value ``C[l][d] = sum v_j alpha_d |W_dj| / sum v_j alpha_d^2`` over the columns that chose
    it (float64 sums in the order triple by triple, column by column; an unused entry keeps its value);
-   the codebook is the result rounded to the nearest integer (ties to even) in 0..127. Step 3 runs a last
-   time with it.
-5. **Encode**: the chosen scales, the codebook, each column's index from step 3's weight-space rule and the
+   the codebook is the result rounded to the nearest integer (ties to even) in 0..127. Step 3 runs again
+   with it; steps 4 and 3 run ``CODEBOOK_SCALE_CYCLES`` (3) times.
+5. **Least-squares row scales** (:func:`least_squares_scales`): per triple, each row's scale becomes
+   ``bf16(fp32(sum_j v_j C_jd |W_dj| / sum_j v_j C_jd^2))`` under the triple's current indices, the indices are
+   chosen again, and the triple keeps the new scales only when its error drops; at most ``LEAST_SQUARES_ROUNDS``
+   (3) rounds, stopping at the first that does not lower it. Unlike step 3's clip the three rows move apart.
+   (Steps 4 x 3 and 5 were added on 2026-12-07: KLD of the quality anchors' ffn_down from 0.488-0.521 to
+   0.472-0.473 on SmolLM2 and from 0.435-0.439 to 0.405-0.421 on Gemma-3-270M, docs/quality.md.)
+6. **Encode**: the chosen scales, the codebook, each column's index from step 3's weight-space rule and the
    signs ``W < 0`` (rows whose scale is 0 store zeros with positive signs, as in the reference encoder).
 
 Without an importance (None, or all zero) every step runs with the column-maximum weights of step 1. (Until
@@ -95,6 +101,10 @@ CLIP_COARSE = 3
 IMPORTANCE_FIT_CHANGE_THRESHOLD = 1e-2
 #: Lloyd iterations in weight space (step 4).
 WEIGHT_SPACE_ITERATIONS = 5
+#: Rounds of step 4 then step 3 (the codebook, then the scales under it).
+CODEBOOK_SCALE_CYCLES = 3
+#: Rounds of least-squares row scales (step 5) at most.
+LEAST_SQUARES_ROUNDS = 3
 
 _GRID = CENTROID_MAX + 1
 _TRIPLES_PER_CHUNK = 64
@@ -318,10 +328,17 @@ def clip_search_order(steps: int = CLIP_STEPS, coarse: int = CLIP_COARSE) -> tup
 
 def search_scales(w: F32, base: F32, codebook: U8, weights: I64, steps: int = CLIP_STEPS) -> F32:
     """Step 3: per triple, the clipped bf16 scales (P, 3) with the least importance-weighted error."""
+    return search_scales_with_error(w, base, codebook, weights, steps)[0]
+
+
+def search_scales_with_error(w: F32, base: F32, codebook: U8, weights: I64,
+                             steps: int = CLIP_STEPS) -> tuple[F32, F64]:
+    """Step 3 (:func:`search_scales`) and each triple's importance-weighted error under the chosen scales (P,)."""
     factors = clip_factors(steps)
     coarse, offsets = clip_search_order(steps)
     cb32 = codebook.astype(np.float32)
     out = np.empty_like(base)
+    errors = np.empty(base.shape[0], dtype=np.float64)
     for p0, p1 in _chunks(w.shape[0]):
         a = np.abs(_padded_triples(w, p0, p1))
         best_e = np.full(p1 - p0, np.inf)
@@ -345,6 +362,46 @@ def search_scales(w: F32, base: F32, codebook: U8, weights: I64, steps: int = CL
         for off in offsets:
             t = t_star + off
             consider(t, (t >= 0) & (t < steps), False)
+        errors[p0:p1] = best_e
+    return out, errors
+
+
+def least_squares_scales(w: F32, alpha: F32, errors: F64, codebook: U8, weights: I64,
+                         rounds: int = LEAST_SQUARES_ROUNDS) -> F32:
+    """Step 5: per triple, each row's importance-weighted least-squares scale under the triple's current indices,
+    ``bf16(fp32(sum_j v_j C_jd |W_dj| / sum_j v_j C_jd^2))`` (float64 sums left to right; a zero scale or no
+    nonzero entry keeps the scale); the triple keeps the new scales only when its error (``errors``, step 3's sum)
+    drops, and stops at the first round that does not lower it. Returns the (P, 3) scales."""
+    cb32 = codebook.astype(np.float32)
+    cb64 = cb32.astype(np.float64)
+    wf = weights.astype(np.float64)
+    out = alpha.copy()
+    for p0, p1 in _chunks(w.shape[0]):
+        a = np.abs(_padded_triples(w, p0, p1))
+        al = out[p0:p1].copy()
+        best = errors[p0:p1].copy()
+        active = np.ones(p1 - p0, dtype=bool)
+        for _ in range(rounds):
+            q, _ = assign_weight_space(a, al, cb32)
+            new = al.copy()
+            for d in range(VECTOR_DIM):
+                c = cb64[q, d]  # (P, k)
+                vc = wf[None, :] * c
+                num = np.cumsum(vc * a[:, d].astype(np.float64), axis=1)[:, -1]
+                den = np.cumsum(vc * c, axis=1)[:, -1]
+                ok = (den > 0) & (al[:, d] != 0)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = (num / np.where(ok, den, 1.0)).astype(np.float32)
+                new[:, d] = np.where(ok, bf16_round(ratio), al[:, d])
+            _, err = assign_weight_space(a, new, cb32)
+            e = _triple_error(err, weights)
+            take = active & (e < best)
+            al[take] = new[take]
+            best[take] = e[take]
+            active = take
+            if not active.any():
+                break
+        out[p0:p1] = al
     return out
 
 
@@ -396,14 +453,16 @@ def quantize_s3d8_importance(w: npt.ArrayLike, importance: npt.ArrayLike | None 
     base = base_scales(arr)
     alpha = bf16_round(base)
     codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed, threshold=IMPORTANCE_FIT_CHANGE_THRESHOLD)
-    alpha = search_scales(arr, base, codebook, weights)
-    codebook = refine_codebook_weight_space(arr, alpha, codebook, weights)
-    alpha = search_scales(arr, base, codebook, weights)
+    alpha, errors = search_scales_with_error(arr, base, codebook, weights)
+    for _ in range(CODEBOOK_SCALE_CYCLES):
+        codebook = refine_codebook_weight_space(arr, alpha, codebook, weights)
+        alpha, errors = search_scales_with_error(arr, base, codebook, weights)
+    alpha = least_squares_scales(arr, alpha, errors, codebook, weights)
     return _encode_weight_space(arr, alpha, codebook, name)
 
 
 def _encode_weight_space(arr: F32, alpha: F32, codebook: U8, name: str) -> U8:
-    """Step 5: the container of ``arr`` under the (P, 3) scales and the codebook (weight-space indices)."""
+    """Step 6: the container of ``arr`` under the (P, 3) scales and the codebook (weight-space indices)."""
     n, k = arr.shape
     scales = fp32_to_bf16_bits(alpha.reshape(-1)[:n])
     container, body = allocate_container(k, n, codebook, scales, name=name)
@@ -421,7 +480,7 @@ def _encode_weight_space(arr: F32, alpha: F32, codebook: U8, name: str) -> U8:
 def quantize_s3d8_with_scales(w: npt.ArrayLike, codebook: npt.ArrayLike, scales_bf16: npt.ArrayLike, *,
                               name: str = "") -> U8:
     """Encode ``w`` (n, k) with a given (32, 3) codebook and row scales (n,) (bf16 bit patterns, uint16): iw1's
-    step 5 (indices by the weight-space rule, signs of ``w``). Returns the container (n, 43k/128).
+    step 6 (indices by the weight-space rule, signs of ``w``). Returns the container (n, 43k/128).
 
     For values that such a container stores (``alpha_i * (+-C)``, e.g. a GPTQ result, :func:`weight_space_values`)
     this gives back the same values bit for bit: their own entry is at distance 0.
