@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import os
 import re
@@ -92,12 +93,48 @@ def run(cmd: list[str], what: str, timeout: int = 1800) -> subprocess.CompletedP
     return r
 
 
+def _digest(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode() + b"\0" + (p.read_bytes() if p.exists() else b"(missing)") + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _encoder_digest() -> str:
+    """What the converter's encoders are: the Python packages' sources and the native library they call."""
+    from gguf_s3d8.native import library_path
+
+    sources = sorted((REPO / "gguf_s3d8").glob("*.py")) + sorted((REPO / "convert").glob("*.py"))
+    return _digest([*sources, library_path()])
+
+
+def stale(out: Path, signature: list[str]) -> bool:
+    """Whether ``out`` must be (re)made: missing, or made by other tools or inputs than ``signature`` says (recorded
+    in the work folder's made.json when it is made; a file made before the record existed counts as stale), so
+    that a rebuilt encoder never leaves an old file to be measured."""
+    made_file = out.parent / "made.json"
+    made = json.loads(made_file.read_text()) if made_file.exists() else {}
+    if out.exists() and made.get(out.name) == signature:
+        return False
+    out.unlink(missing_ok=True)
+    return True
+
+
+def record_made(out: Path, signature: list[str]) -> None:
+    made_file = out.parent / "made.json"
+    made = json.loads(made_file.read_text()) if made_file.exists() else {}
+    made[out.name] = signature
+    made_file.write_text(json.dumps(made, indent=1))
+
+
 def converted(src: Path, out: Path, out_type: str, *extra: str) -> Path:
-    if not out.exists():
+    signature = [_encoder_digest(), *extra, out_type, _digest([Path(a) for a in extra if Path(a).is_file()])]
+    if stale(out, signature):
         log(f"converting to {out_type}: {out.name}")
         rc = convert_main([str(src), "--type", out_type, "--fallback-type", "q8_0", "-o", str(out), *extra])
         if rc != 0:
             sys.exit(f"main: conversion to {out_type} failed")
+        record_made(out, signature)
     return out
 
 
@@ -107,34 +144,40 @@ def gptq_converted(hf: Path, f16: Path, train_txt: Path, start: Path, work: Path
     imatrix: the same start as the tool's own iw1 step, minutes faster), then the f16 file converted with its
     containers."""
     containers = work / "gptq-s3d8.safetensors"
-    if not containers.exists():
+    signature = [_digest([start, train_txt])]
+    if stale(containers, signature):
         log("GPTQ S3D8 (qat.gptq_s3d8) on the training text")
         from qat.gptq_s3d8 import main as gptq_main
 
         if gptq_main(["--model", str(hf), "--calibration", str(train_txt), "-o", str(containers), "--weights-dtype",
                       "f16", "--calibration-tokens", "32768", "--calibration-seq-len", "512", "--start", str(start)]) != 0:
             sys.exit("main: GPTQ failed")
+        record_made(containers, signature)
     return converted(f16, out, "s3d8", "--gptq-checkpoint", str(containers))
 
 
 def quantized(f16: Path, out: Path, qtype: str, tensors: list[str], imatrix: Path | None,
               hessian: Path | None = None) -> Path:
     """`llama-quantize` to Q8_0 with the given tensors overridden to ``qtype`` (``hessian``: ``--hessian``)."""
-    if not out.exists():
+    signature = [_digest([Path(tool("llama-quantize"))]), qtype, *tensors,
+                 *(_digest([p]) for p in (imatrix, hessian) if p)]
+    if stale(out, signature):
         log(f"llama-quantize: {out.name}")
         overrides = [a for t in tensors for a in ("--tensor-type", f"^{re.escape(t)}$={qtype}")]
         with atomic_path(out) as tmp:
             run([tool("llama-quantize"), *(["--imatrix", str(imatrix)] if imatrix else []),
                  *(["--hessian", str(hessian)] if hessian else []), *overrides, str(f16),
                  str(tmp), "Q8_0", "2"], f"llama-quantize {qtype}")
+        record_made(out, signature)
     return out
 
 
 def timed(make: Callable[[], Path], out: Path, times: dict[str, float]) -> Path:
     """Run ``make`` and record its wall time under ``out``'s name (kept in times.json across runs)."""
-    if out.name not in times or not out.exists():
-        start = time.time()
-        make()
+    start = time.time()
+    existed = out.exists()
+    make()  # makes nothing when ``out`` is up to date (``stale``)
+    if out.name not in times or not existed or os.path.getmtime(out) >= start:
         times[out.name] = time.time() - start
     return out
 
