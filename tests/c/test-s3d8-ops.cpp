@@ -201,23 +201,43 @@ static void test_get_rows(std::mt19937 & rng) {
 
 // the quantizer: valid output, nearest entries, determinism, small error
 // relative RMS error of a container against the weights
-static double rel_rms_error(const std::vector<uint8_t> & q, const std::vector<float> & w, int64_t n, int64_t k) {
+// relative RMS error of a container, each column's squared errors weighted by v[j] (nullptr: unweighted)
+static double rel_rms_error(const std::vector<uint8_t> & q, const std::vector<float> & w, int64_t n, int64_t k,
+        const std::vector<double> * v = nullptr) {
     const decoded d = decode(q.data(), k, n);
     double err2 = 0.0, sig2 = 0.0;
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < k; ++j) {
             const float wq = d.alpha[i] * (float) d.w[i * k + j];
-            err2 += (double) (wq - w[i * k + j]) * (wq - w[i * k + j]);
-            sig2 += (double) w[i * k + j] * w[i * k + j];
+            const double vj = v ? (*v)[j] : 1.0;
+            err2 += vj * (double) (wq - w[i * k + j]) * (wq - w[i * k + j]);
+            sig2 += vj * (double) w[i * k + j] * w[i * k + j];
         }
     }
     return std::sqrt(err2 / sig2);
 }
 
-// ggml_quantize_chunk without an imatrix runs the iw1 encoder without importance: the absmax scales (the
-// clip search runs only with an imatrix; the check below accepts any clip (50 - t)/50, t in 0..20, and
-// requires t = 0), every index is the best codebook entry in weight space, and the result is no worse
-// than the reference encoder (same scales, fit on all vectors, nearest entry in normalised space)
+// iw1's column weights without an importance: (column max / matrix max)^4 (the rounding to integers left out)
+static std::vector<double> column_max_weights(const std::vector<float> & w, int64_t n, int64_t k) {
+    std::vector<double> v(k, 0.0);
+    double top = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < k; ++j) {
+            v[j] = std::max(v[j], (double) std::fabs(w[i * k + j]));
+            top  = std::max(top, v[j]);
+        }
+    }
+    for (double & x : v) {
+        x = std::pow(x / top, 4.0);
+    }
+    return v;
+}
+
+// ggml_quantize_chunk without an imatrix runs the iw1 encoder on the column-maximum weights: every scale is a
+// finite non-negative bf16 number (a clip (50 - t)/50 of the absmax scale from step 3, or a least-squares scale
+// from step 5), every index is the best codebook entry in weight space, and the error iw1 minimises (weighted by
+// the column-maximum weights) is below the reference encoder's (absmax scales, the same fit, nearest entry in
+// normalised space)
 static void test_quantizer(std::mt19937 & rng) {
     const int64_t k = 2048, n = 448;
     printf("quantizer k=%lld n=%lld\n", (long long) k, (long long) n);
@@ -228,7 +248,7 @@ static void test_quantizer(std::mt19937 & rng) {
 
     const decoded d = decode(q1.data(), k, n);
     const uint8_t * cb = q1.data() + 16;
-    int64_t bad_scales = 0, clipped = 0;
+    int64_t bad_scales = 0, clipped = 0, least_squares = 0;
     for (int64_t p = 0; p < (n + 2) / 3; ++p) {
         bool found = false;
         for (int t = 0; t <= 20 && !found; ++t) {
@@ -245,13 +265,17 @@ static void test_quantizer(std::mt19937 & rng) {
                 all = all && f32_bits(bf16_f32(bf16_rne(scaled))) == f32_bits(d.alpha[i]);
             }
             found = all;
-            clipped += all && t > 0;
+            clipped += all;
         }
-        bad_scales += !found;
+        least_squares += !found;
+        for (int dd = 0; dd < 3 && 3 * p + dd < n; ++dd) {
+            const float a = d.alpha[3 * p + dd];
+            bad_scales += !(std::isfinite(a) && a >= 0.0f && f32_bits(bf16_f32(bf16_rne(a))) == f32_bits(a));
+        }
     }
-    S3D8T_CHECK(bad_scales == 0, "%lld triples have scales that are not one clip of their absmax scales", (long long) bad_scales);
-    printf("  %lld of %lld triples clipped\n", (long long) clipped, (long long) ((n + 2) / 3));
-    // (without an imatrix iw1 searches the clips too, on the column-maximum weights: any clip is valid)
+    S3D8T_CHECK(bad_scales == 0, "%lld scales are not finite non-negative bf16 numbers", (long long) bad_scales);
+    printf("  %lld of %lld triples keep a clip of their absmax scales, %lld took least-squares scales\n",
+           (long long) clipped, (long long) ((n + 2) / 3), (long long) least_squares);
 
     // the stored index is the best codebook entry in weight space (ties to the lowest index)
     const uint8_t * body = q1.data() + body_offset(n);
@@ -292,13 +316,19 @@ static void test_quantizer(std::mt19937 & rng) {
     ggml_s3d8_encode(w.data(), n, k, codebook, ref.data());
     const double rel = rel_rms_error(q1, w, n, k);
     const double rel_ref = rel_rms_error(ref, w, n, k);
-    printf("  relative RMS quantization error %.4f (reference encoder %.4f)\n", rel, rel_ref);
-    // Gaussian weights: the reference encoder gets 0.248, iw1 without imatrix 0.253: it minimises the error
-    // weighted by the column-maximum weights, not the plain MSE, and on Gaussian data those weights are noise
-    // (4x between columns), so the plain error is 2 % higher; on real models it halves SmolLM2's KLD
-    // (docs/quality.md). The bounds guard against a broken encoder: 0.3 absolute, 5 % over the reference.
+    const std::vector<double> v = column_max_weights(w, n, k);
+    const double wrel = rel_rms_error(q1, w, n, k, &v);
+    const double wrel_ref = rel_rms_error(ref, w, n, k, &v);
+    printf("  relative RMS quantization error %.4f (reference encoder %.4f), weighted by the column maxima^4 %.4f "
+           "(reference %.4f)\n", rel, rel_ref, wrel, wrel_ref);
+    // Gaussian weights: iw1 minimises the error weighted by the column-maximum weights; measured 0.0395 against the
+    // reference encoder's 0.3481 (asserted: below it). Those weights are noise on Gaussian data (4x between
+    // columns), so the plain error is higher: 0.2646 against 0.2484 (+6.5 %; 0.253, +2 %, before iw1's
+    // least-squares scales); on real models the same weights halve SmolLM2's KLD (docs/quality.md). The plain
+    // bounds guard against a broken encoder: 0.3 absolute, 10 % over the reference.
+    S3D8T_CHECK(wrel < wrel_ref, "iw1 (%.4f) is not below the reference encoder (%.4f) in its own weighted error", wrel, wrel_ref);
     S3D8T_CHECK(rel < 0.3, "relative RMS quantization error %.4f too large", rel);
-    S3D8T_CHECK(rel <= 1.05 * rel_ref, "iw1 (%.4f) is far worse than the reference encoder (%.4f)", rel, rel_ref);
+    S3D8T_CHECK(rel <= 1.10 * rel_ref, "iw1 (%.4f) is far worse than the reference encoder (%.4f)", rel, rel_ref);
 }
 
 static void test_supports_and_views(std::mt19937 & rng) {
