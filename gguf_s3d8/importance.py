@@ -326,14 +326,9 @@ def clip_search_order(steps: int = CLIP_STEPS, coarse: int = CLIP_COARSE) -> tup
     return list(range(0, steps, coarse)), offsets
 
 
-def search_scales(w: F32, base: F32, codebook: U8, weights: I64, steps: int = CLIP_STEPS) -> F32:
-    """Step 3: per triple, the clipped bf16 scales (P, 3) with the least importance-weighted error."""
-    return search_scales_with_error(w, base, codebook, weights, steps)[0]
-
-
-def search_scales_with_error(w: F32, base: F32, codebook: U8, weights: I64,
-                             steps: int = CLIP_STEPS) -> tuple[F32, F64]:
-    """Step 3 (:func:`search_scales`) and each triple's importance-weighted error under the chosen scales (P,)."""
+def search_scales(w: F32, base: F32, codebook: U8, weights: I64, steps: int = CLIP_STEPS) -> tuple[F32, F64]:
+    """Step 3: per triple, the clipped bf16 scales (P, 3) with the least importance-weighted error, and that
+    error (P,)."""
     factors = clip_factors(steps)
     coarse, offsets = clip_search_order(steps)
     cb32 = codebook.astype(np.float32)
@@ -366,35 +361,44 @@ def search_scales_with_error(w: F32, base: F32, codebook: U8, weights: I64,
     return out, errors
 
 
-def least_squares_scales(w: F32, alpha: F32, errors: F64, codebook: U8, weights: I64,
-                         rounds: int = LEAST_SQUARES_ROUNDS) -> F32:
-    """Step 5: per triple, each row's importance-weighted least-squares scale under the triple's current indices,
-    ``bf16(fp32(sum_j v_j C_jd |W_dj| / sum_j v_j C_jd^2))`` (float64 sums left to right; a zero scale or no
-    nonzero entry keeps the scale); the triple keeps the new scales only when its error (``errors``, step 3's sum)
-    drops, and stops at the first round that does not lower it. Returns the (P, 3) scales."""
-    cb32 = codebook.astype(np.float32)
+def _error_and_sums(a: F32, alpha: F32, cb32: F32, weights: I64) -> tuple[F64, F64, F64]:
+    """Per triple of ``a`` (P, 3, k), under the scales ``alpha`` (P, 3): the importance-weighted error (as step 3
+    sums it) and each row's least-squares sums under the chosen entries, ``num = sum_j v_j C_jd |W_dj|`` and
+    ``den = sum_j v_j C_jd^2`` (P, 3) (float64, left to right)."""
+    q, err = assign_weight_space(a, alpha, cb32)
     cb64 = cb32.astype(np.float64)
     wf = weights.astype(np.float64)
+    num = np.empty(alpha.shape, dtype=np.float64)
+    den = np.empty(alpha.shape, dtype=np.float64)
+    for d in range(VECTOR_DIM):
+        c = cb64[q, d]  # (P, k)
+        vc = wf[None, :] * c
+        num[:, d] = np.cumsum(vc * a[:, d].astype(np.float64), axis=1)[:, -1]
+        den[:, d] = np.cumsum(vc * c, axis=1)[:, -1]
+    return _triple_error(err, weights), num, den
+
+
+def least_squares_scales(w: F32, alpha: F32, codebook: U8, weights: I64,
+                         rounds: int = LEAST_SQUARES_ROUNDS) -> tuple[F32, F64]:
+    """Step 5: per triple, each row's importance-weighted least-squares scale under the triple's current indices,
+    ``bf16(fp32(sum_j v_j C_jd |W_dj| / sum_j v_j C_jd^2))`` (float64 sums left to right; a zero scale or no
+    nonzero entry keeps the scale); the triple keeps the new scales only when its error drops, and stops at the
+    first round that does not lower it. The pass that measures a round's error also gives the next round's sums.
+    Returns the (P, 3) scales and each triple's error under them."""
+    cb32 = codebook.astype(np.float32)
     out = alpha.copy()
+    errors = np.empty(alpha.shape[0], dtype=np.float64)
     for p0, p1 in _chunks(w.shape[0]):
         a = np.abs(_padded_triples(w, p0, p1))
         al = out[p0:p1].copy()
-        best = errors[p0:p1].copy()
+        best, num, den = _error_and_sums(a, al, cb32, weights)
         active = np.ones(p1 - p0, dtype=bool)
         for _ in range(rounds):
-            q, _ = assign_weight_space(a, al, cb32)
-            new = al.copy()
-            for d in range(VECTOR_DIM):
-                c = cb64[q, d]  # (P, k)
-                vc = wf[None, :] * c
-                num = np.cumsum(vc * a[:, d].astype(np.float64), axis=1)[:, -1]
-                den = np.cumsum(vc * c, axis=1)[:, -1]
-                ok = (den > 0) & (al[:, d] != 0)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    ratio = (num / np.where(ok, den, 1.0)).astype(np.float32)
-                new[:, d] = np.where(ok, bf16_round(ratio), al[:, d])
-            _, err = assign_weight_space(a, new, cb32)
-            e = _triple_error(err, weights)
+            ok = (den > 0) & (al != 0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = (num / np.where(ok, den, 1.0)).astype(np.float32)
+            new = np.where(ok, bf16_round(ratio), al)
+            e, num, den = _error_and_sums(a, new, cb32, weights)
             take = active & (e < best)
             al[take] = new[take]
             best[take] = e[take]
@@ -402,7 +406,8 @@ def least_squares_scales(w: F32, alpha: F32, errors: F64, codebook: U8, weights:
             if not active.any():
                 break
         out[p0:p1] = al
-    return out
+        errors[p0:p1] = best
+    return out, errors
 
 
 def refine_codebook_weight_space(w: F32, alpha: F32, codebook: U8, weights: I64,
@@ -453,11 +458,11 @@ def quantize_s3d8_importance(w: npt.ArrayLike, importance: npt.ArrayLike | None 
     base = base_scales(arr)
     alpha = bf16_round(base)
     codebook = fit_codebook_weighted(arr, alpha, weights, rule=rule, seed=seed, threshold=IMPORTANCE_FIT_CHANGE_THRESHOLD)
-    alpha, errors = search_scales_with_error(arr, base, codebook, weights)
+    alpha, _ = search_scales(arr, base, codebook, weights)
     for _ in range(CODEBOOK_SCALE_CYCLES):
         codebook = refine_codebook_weight_space(arr, alpha, codebook, weights)
-        alpha, errors = search_scales_with_error(arr, base, codebook, weights)
-    alpha = least_squares_scales(arr, alpha, errors, codebook, weights)
+        alpha, _ = search_scales(arr, base, codebook, weights)
+    alpha, _ = least_squares_scales(arr, alpha, codebook, weights)
     return _encode_weight_space(arr, alpha, codebook, name)
 
 
